@@ -1,0 +1,25 @@
+"""k3c.kernels: every op's naive definition beside its fast forms, one folder per op.
+
+The public entry points follow fla's `[B, T, H, K]` layout and return `(o, final_state)`.
+Importing this package registers the `torch.ops.k3c.*` custom ops that models call.
+"""
+
+from . import ops  # noqa: F401  (registers torch.ops.k3c.*)
+from .attention.naive import causal_attention
+from .attn_res.naive import attn_res_mix
+from .delta_rule import delta_rule
+from .gated_delta_rule import gated_delta_rule
+from .gated_rmsnorm.naive import gated_rmsnorm
+from .kda import kda, kda_gate_sigmoid, kda_gate_softplus, l2norm
+from .linear_attention import linear_attention
+from .mla.naive import mla_attention, mla_attention_absorbed
+from .moe.naive import moe_down, moe_gate_up, route
+from .short_conv.naive import naive_short_conv as short_conv
+from .situ.naive import silu_glu, situ, situ_packed
+
+__all__ = [
+    "kda", "gated_delta_rule", "delta_rule", "linear_attention", "short_conv",
+    "kda_gate_softplus", "kda_gate_sigmoid", "l2norm", "situ", "situ_packed", "silu_glu",
+    "gated_rmsnorm", "attn_res_mix", "causal_attention", "mla_attention",
+    "mla_attention_absorbed", "route", "moe_gate_up", "moe_down",
+]

@@ -1,0 +1,29 @@
+"""The delta rule (DeltaNet): no decay (see README.md)."""
+
+from __future__ import annotations
+
+import torch
+
+from .naive import naive_recurrent_delta_rule
+
+
+def delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    beta: torch.Tensor,
+    *,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    chunk_size: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """As `k3c.kernels.kda` without a gate."""
+    if chunk_size is None:
+        return naive_recurrent_delta_rule(q, k, v, beta, scale, initial_state)
+    from .chunk import chunk_delta_rule
+
+    return chunk_delta_rule(q, k, v, beta, scale=scale, initial_state=initial_state,
+                            chunk_size=chunk_size)
+
+
+__all__ = ["delta_rule", "naive_recurrent_delta_rule"]

@@ -1,0 +1,30 @@
+"""The gated delta rule (Gated DeltaNet): one decay per head (see README.md)."""
+
+from __future__ import annotations
+
+import torch
+
+from .naive import naive_recurrent_gated_delta_rule
+
+
+def gated_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    *,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    chunk_size: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """g [B, T, H]; otherwise as `k3c.kernels.kda`."""
+    if chunk_size is None:
+        return naive_recurrent_gated_delta_rule(q, k, v, g, beta, scale, initial_state)
+    from .chunk import chunk_gated_delta_rule
+
+    return chunk_gated_delta_rule(q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                                  chunk_size=chunk_size)
+
+
+__all__ = ["gated_delta_rule", "naive_recurrent_gated_delta_rule"]

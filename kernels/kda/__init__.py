@@ -1,0 +1,34 @@
+"""KDA: the gated delta rule with a per-channel decay (see README.md)."""
+
+from __future__ import annotations
+
+import torch
+
+from .gate import kda_gate_sigmoid, kda_gate_softplus, l2norm
+from .naive import naive_recurrent_kda
+
+
+def kda(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    *,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    chunk_size: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """KDA over [B, T, H, K] inputs -> (o [B, T, H, V], final state [B, H, K, V] fp32).
+
+    chunk_size None runs the recurrent definition; an int runs the chunked (WY/UT) form.
+    """
+    if chunk_size is None:
+        return naive_recurrent_kda(q, k, v, g, beta, scale, initial_state)
+    from .chunk import chunk_kda
+
+    return chunk_kda(q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                     chunk_size=chunk_size)
+
+
+__all__ = ["kda", "naive_recurrent_kda", "kda_gate_softplus", "kda_gate_sigmoid", "l2norm"]

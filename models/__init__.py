@@ -1,0 +1,1 @@
+"""k3c.models: the eager reference zoo."""

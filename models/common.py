@@ -1,0 +1,129 @@
+"""Pieces every model of the zoo shares: the norm, the gated MLP, the LM base class.
+
+A model maps `input_ids [B, T]` to logits `[B, T, vocab]`. Its recurrent state is a flat
+dict of tensors named `layers.{i}.{name}`; `prefill` starts from no state and returns it,
+`decode` takes one token per sequence and the state, and returns the new state.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..kernels.situ.naive import silu_glu, situ
+
+State = dict[str, torch.Tensor]
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm computed in fp32 (`aten.rms_norm`, kept whole by the frontend)."""
+
+    def __init__(self, dim: int, eps: float = 1e-5):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.rms_norm(x.float(), (x.shape[-1],), self.weight.float(), self.eps)
+        return y.to(x.dtype)
+
+
+class GatedMLP(nn.Module):
+    """down(act(gate(x), up(x))), act = SiTU (K3) or SiLU-GLU; no biases."""
+
+    def __init__(self, dim: int, hidden: int, act: str = "silu", situ_beta: float = 4.0,
+                 situ_linear_beta: float | None = 25.0):
+        super().__init__()
+        self.gate_proj = nn.Linear(dim, hidden, bias=False)
+        self.up_proj = nn.Linear(dim, hidden, bias=False)
+        self.down_proj = nn.Linear(hidden, dim, bias=False)
+        self.act, self.situ_beta, self.situ_linear_beta = act, situ_beta, situ_linear_beta
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(activate(self.gate_proj(x), self.up_proj(x), self.act,
+                                       self.situ_beta, self.situ_linear_beta))
+
+
+def activate(gate: torch.Tensor, up: torch.Tensor, act: str, beta: float,
+             linear_beta: float | None) -> torch.Tensor:
+    if act == "situ":
+        return situ(gate, up, beta, linear_beta)
+    if act == "silu":
+        return silu_glu(gate, up)
+    raise ValueError(f"unknown gated activation {act!r} (expected 'situ' or 'silu')")
+
+
+class CausalLM(nn.Module):
+    """Base of every model: `forward`, `prefill` and `decode` over `step`.
+
+    Subclasses implement `step(input_ids, state) -> (logits, new_state)`, where `state` is
+    None for a fresh sequence.
+    """
+
+    config: object
+
+    def step(self, input_ids: torch.Tensor, state: State | None) -> tuple[torch.Tensor, State]:
+        raise NotImplementedError
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.step(input_ids, None)[0]
+
+    def prefill(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, State]:
+        return self.step(input_ids, None)
+
+    def decode(self, input_ids: torch.Tensor, state: State) -> tuple[torch.Tensor, State]:
+        if input_ids.dim() != 2 or input_ids.shape[1] != 1:
+            raise ValueError(f"decode takes input_ids of shape [B, 1], got {tuple(input_ids.shape)}")
+        return self.step(input_ids, state)
+
+
+def sub_state(state: State | None, prefix: str) -> State | None:
+    """The entries of `state` under `prefix` (without it), or None when there is no state."""
+    if state is None:
+        return None
+    n = len(prefix)
+    return {k[n:]: v for k, v in state.items() if k.startswith(prefix)}
+
+
+def add_prefix(state: State, prefix: str) -> State:
+    return {prefix + k: v for k, v in state.items()}
+
+
+@torch.no_grad()
+def init_weights(model: nn.Module, seed: int = 0) -> nn.Module:
+    """Deterministic weights from `seed`, independent of the global RNG.
+
+    Linear weights ~ N(0, 1/fan_in) keep activations O(1); norm weights are 1 + N(0, 0.1)
+    and biases, pseudo-queries and router corrections are random too, so that no fold or
+    fusion can pass a test by multiplying by one or adding zero. Parameters are visited by
+    name, so the weights of a model do not depend on the order modules were built in.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    for name, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
+        if p.is_meta:
+            continue
+        leaf = name.rsplit(".", 1)[-1]
+        shape = p.shape
+        if leaf == "A_log":
+            val = torch.empty(shape).uniform_(1.0, 16.0, generator=gen).log()
+        elif leaf == "dt_bias":
+            dt = torch.empty(shape).uniform_(math.log(1e-3), math.log(0.1), generator=gen).exp()
+            val = dt + torch.log(-torch.expm1(-dt))  # inverse softplus
+        elif leaf == "e_score_correction_bias":
+            val = 0.1 * torch.randn(shape, generator=gen)
+        elif leaf == "bias":
+            val = 0.02 * torch.randn(shape, generator=gen)
+        elif p.dim() == 1:  # norm weights
+            val = 1.0 + 0.1 * torch.randn(shape, generator=gen)
+        elif "embed" in name or "wte" in name or "wpe" in name:
+            val = torch.randn(shape, generator=gen)
+        elif "conv" in name:
+            val = torch.randn(shape, generator=gen) / math.sqrt(shape[-1])
+        else:
+            fan_in = shape[-1] if p.dim() >= 2 else 1
+            val = torch.randn(shape, generator=gen) / math.sqrt(fan_in)
+        p.copy_(val.to(p.dtype))
+    return model

@@ -1,0 +1,149 @@
+"""Dataclass configs of the zoo and the named presets `build` knows.
+
+Full-size presets (`gpt2`, `kimi-linear`, `k3`) are the published shapes; tiny ones keep
+every feature on at a size that runs in seconds on a CPU; `k3-small` is the benchmark size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+
+@dataclass(frozen=True)
+class GPT2Config:
+    vocab_size: int = 50257
+    n_positions: int = 1024
+    n_embd: int = 768
+    n_layer: int = 12
+    n_head: int = 12
+    layer_norm_eps: float = 1e-5
+    family: str = "gpt2"
+
+
+@dataclass(frozen=True)
+class LinearConfig:
+    """A pre-norm decoder whose token mixer is a linear-attention variant, SiLU-GLU MLP."""
+
+    mixer: str = "deltanet"  # linear_attention | deltanet | gated_deltanet
+    vocab_size: int = 1024
+    hidden_size: int = 128
+    num_layers: int = 2
+    num_heads: int = 4
+    head_k_dim: int = 32
+    head_v_dim: int = 32
+    conv_size: int = 4  # deltanet and gated_deltanet: short convs on q, k, v
+    intermediate_size: int = 256
+    rms_norm_eps: float = 1e-5
+    family: str = "linear"
+
+
+@dataclass(frozen=True)
+class KimiConfig:
+    """Kimi Linear and K3 (K3-SPEC.md section 7). Layer indices in `mla_layers` are 1-based."""
+
+    vocab_size: int = 163840
+    hidden_size: int = 7168
+    num_layers: int = 93
+    mla_layers: tuple[int, ...] = tuple(range(4, 93, 4)) + (93,)
+    # KDA
+    kda_heads: int = 96
+    kda_head_dim: int = 128
+    conv_size: int = 4
+    kda_gate: str = "sigmoid"  # "softplus" (kimi-linear) | "sigmoid" (k3, lower-bounded)
+    gate_lower_bound: float = -5.0
+    kda_out_gate_rank: int | None = None  # None: full-rank g_proj; int: g_a_proj/g_b_proj
+    # MLA
+    mla_heads: int = 96
+    q_lora_rank: int | None = 1536
+    kv_lora_rank: int = 512
+    qk_nope_head_dim: int = 128
+    qk_rope_head_dim: int = 64
+    v_head_dim: int = 128
+    mla_output_gate: bool = True
+    # MoE
+    num_experts: int = 896
+    top_k: int = 16
+    num_shared_experts: int = 2
+    moe_intermediate_size: int = 3072
+    routed_scaling_factor: float = 1.0
+    moe_renormalize: bool = True
+    routed_expert_hidden_size: int | None = 3584  # latent experts; None: experts on d
+    latent_moe_use_norm: bool = True
+    first_k_dense: int = 1
+    dense_intermediate_size: int = 33792
+    activation: str = "situ"  # "situ" | "silu"
+    situ_beta: float = 4.0
+    situ_linear_beta: float | None = 25.0
+    # AttnRes and norms
+    attn_res_block_size: int | None = 12
+    attn_res_eps: float = 1e-5
+    rms_norm_eps: float = 1e-5
+    mla_norm_eps: float = 1e-6
+    family: str = "kimi"
+
+
+K3 = KimiConfig()
+
+KIMI_LINEAR = KimiConfig(
+    hidden_size=2304, num_layers=27, mla_layers=(4, 8, 12, 16, 20, 24, 27),
+    kda_heads=32, kda_head_dim=128, kda_gate="softplus", kda_out_gate_rank=128,
+    mla_heads=32, q_lora_rank=None, mla_output_gate=False,
+    num_experts=256, top_k=8, num_shared_experts=1, moe_intermediate_size=1024,
+    routed_scaling_factor=2.446, routed_expert_hidden_size=None, latent_moe_use_norm=False,
+    dense_intermediate_size=9216, activation="silu", attn_res_block_size=None,
+)
+
+K3_TINY = KimiConfig(
+    vocab_size=1024, hidden_size=256, num_layers=9, mla_layers=(4, 8, 9),
+    kda_heads=4, kda_head_dim=32,
+    mla_heads=4, q_lora_rank=64, kv_lora_rank=32, qk_nope_head_dim=32, qk_rope_head_dim=16,
+    v_head_dim=32, num_experts=8, top_k=2, num_shared_experts=2, moe_intermediate_size=64,
+    routed_expert_hidden_size=128, dense_intermediate_size=512, attn_res_block_size=3,
+)
+
+K3_SMALL = KimiConfig(
+    vocab_size=32768, hidden_size=512, num_layers=13, mla_layers=(4, 8, 12, 13),
+    kda_heads=8, kda_head_dim=64,
+    mla_heads=8, q_lora_rank=256, kv_lora_rank=128, qk_nope_head_dim=64, qk_rope_head_dim=32,
+    v_head_dim=64, num_experts=32, top_k=4, num_shared_experts=2, moe_intermediate_size=256,
+    routed_expert_hidden_size=256, dense_intermediate_size=2048, attn_res_block_size=4,
+)
+
+KIMI_LINEAR_TINY = replace(
+    KIMI_LINEAR, vocab_size=1024, hidden_size=256, num_layers=6, mla_layers=(4, 6),
+    kda_heads=4, kda_head_dim=32, kda_out_gate_rank=32, mla_heads=4, kv_lora_rank=32,
+    qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32, num_experts=8, top_k=2,
+    moe_intermediate_size=64, dense_intermediate_size=512,
+)
+
+PRESETS: dict[str, object] = {
+    "gpt2": GPT2Config(),
+    "gpt2-tiny": GPT2Config(vocab_size=1024, n_positions=512, n_embd=128, n_layer=2, n_head=4),
+    "linear-attn-tiny": LinearConfig(mixer="linear_attention"),
+    "deltanet-tiny": LinearConfig(mixer="deltanet", num_heads=4, head_k_dim=24, head_v_dim=40),
+    "gated-deltanet-tiny": LinearConfig(mixer="gated_deltanet", num_heads=2, head_k_dim=48,
+                                        head_v_dim=64),
+    "kimi-linear": KIMI_LINEAR,
+    "kimi-linear-tiny": KIMI_LINEAR_TINY,
+    "k3": K3,
+    "k3-small": K3_SMALL,
+    "k3-tiny": K3_TINY,
+}
+
+# Full-size configs: built on the meta device by default (no weights exist here).
+FULL_SIZE = frozenset({"gpt2", "kimi-linear", "k3"})
+
+
+def config_for(name: str, **overrides) -> object:
+    """The preset `name` with `overrides` applied (field names of its config class)."""
+    if name not in PRESETS:
+        raise KeyError(f"unknown model {name!r}; known: {', '.join(PRESETS)}")
+    cfg = PRESETS[name]
+    known = {f.name for f in fields(cfg)}
+    bad = sorted(set(overrides) - known)
+    if bad:
+        raise TypeError(f"{name}: unknown config field(s) {bad}; fields: {sorted(known)}")
+    return replace(cfg, **overrides)
+
+
+__all__ = ["GPT2Config", "LinearConfig", "KimiConfig", "PRESETS", "FULL_SIZE", "config_for"]

@@ -1,0 +1,83 @@
+"""The MoE block: sigmoid router with bias correction, shared experts, latent experts
+(K3-SPEC.md section 4). Every shape is static: routing yields top-k indices and weights,
+and the expert GEMMs take the indices (`torch.ops.k3c.moe_gate_up` / `moe_down`).
+
+    s = sigmoid(x W_r^T) (fp32);  idx = topk(s + bias, k);  w = s[idx] / sum * scaling
+    h = routed_expert_down_proj(x)                       (latent, when configured)
+    y = sum_k w_k * w2_k(act(w1_k h, w3_k h))
+    y = routed_expert_up_proj(rmsnorm(y))                (latent, norm when configured)
+    y = y + shared_experts(x)                            one MLP of width I * n_shared
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..kernels import ops
+from .common import GatedMLP, RMSNorm, activate
+
+
+class Router(nn.Module):
+    def __init__(self, d: int, num_experts: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(num_experts, d))
+        self.e_score_correction_bias = nn.Parameter(torch.zeros(num_experts), requires_grad=False)
+
+
+class Experts(nn.Module):
+    """The routed experts, packed: w13 [E, 2I, D] (w1 rows first, then w3) and w2 [E, D, I].
+
+    Checkpoints hold them per expert (`experts.{e}.w1/w2/w3`); the loader packs them.
+    """
+
+    def __init__(self, num_experts: int, dim: int, hidden: int):
+        super().__init__()
+        self.w13 = nn.Parameter(torch.empty(num_experts, 2 * hidden, dim))
+        self.w2 = nn.Parameter(torch.empty(num_experts, dim, hidden))
+
+
+class MoE(nn.Module):
+    def __init__(self, d: int, num_experts: int, top_k: int, intermediate: int,
+                 num_shared: int, routed_scaling_factor: float, renormalize: bool = True,
+                 latent_dim: int | None = None, latent_norm: bool = False, act: str = "situ",
+                 situ_beta: float = 4.0, situ_linear_beta: float | None = 25.0,
+                 norm_eps: float = 1e-5):
+        super().__init__()
+        self.top_k, self.scaling, self.renormalize = top_k, routed_scaling_factor, renormalize
+        self.I = intermediate
+        self.act, self.situ_beta, self.situ_linear_beta = act, situ_beta, situ_linear_beta
+        self.gate = Router(d, num_experts)
+        expert_dim = latent_dim or d
+        if latent_dim is not None:
+            self.routed_expert_down_proj = nn.Linear(d, latent_dim, bias=False)
+            self.routed_expert_up_proj = nn.Linear(latent_dim, d, bias=False)
+            if latent_norm:
+                self.routed_expert_norm = RMSNorm(latent_dim, norm_eps)
+        self.experts = Experts(num_experts, expert_dim, intermediate)
+        if num_shared:
+            self.shared_experts = GatedMLP(d, intermediate * num_shared, act, situ_beta,
+                                           situ_linear_beta)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, d = x.shape
+        x2 = x.reshape(B * T, d)
+        s = torch.sigmoid(F.linear(x2.float(), self.gate.weight.float()))
+        idx = torch.topk(s + self.gate.e_score_correction_bias.float(), self.top_k, dim=-1).indices
+        w = s.gather(-1, idx)
+        if self.renormalize:
+            w = w / (w.sum(-1, keepdim=True) + 1e-20)
+        w = w * self.scaling
+        h = self.routed_expert_down_proj(x2) if hasattr(self, "routed_expert_down_proj") else x2
+        gu = ops.moe_gate_up(h, self.experts.w13, idx)
+        a = activate(gu[..., : self.I], gu[..., self.I :], self.act, self.situ_beta,
+                     self.situ_linear_beta)
+        y = ops.moe_down(a, self.experts.w2, idx, w)
+        if hasattr(self, "routed_expert_norm"):
+            y = self.routed_expert_norm(y)
+        if hasattr(self, "routed_expert_up_proj"):
+            y = self.routed_expert_up_proj(y)
+        if hasattr(self, "shared_experts"):
+            y = y + self.shared_experts(x2)
+        return y.view(B, T, d)

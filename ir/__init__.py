@@ -1,1 +1,18 @@
-"""k3c.ir."""
+"""k3c.ir: the graph, the op table, the verifier, the text form and the interpreter.
+
+    text = str(graph);  graph2 = k3c.ir.parse(text)
+    k3c.ir.verify(graph)
+    outputs = k3c.ir.interpret(graph, *inputs)
+"""
+
+from .graph import Graph, Node
+from .interpret import InputError, bind_dims, interpret
+from .ops import FAMILIES, OPS, OpSpec, ShapeError, family
+from .serialize import load, save
+from .text import ParseError, parse, print_graph
+from .types import DTYPES, TensorType, dtype_name
+from .verify import VerifyError, verify
+
+__all__ = ["Graph", "Node", "TensorType", "OPS", "OpSpec", "FAMILIES", "family", "ShapeError",
+           "interpret", "bind_dims", "InputError", "verify", "VerifyError", "parse", "print_graph",
+           "ParseError", "save", "load", "DTYPES", "dtype_name"]

@@ -1,0 +1,205 @@
+"""`k3c.capture`: torch.export with dynamic batch and sequence dims -> k3c IR.
+
+Entries of a zoo model: `prefill` (input_ids [B, T] -> logits, state...), `decode`
+(input_ids [B, 1] and the state -> logits, new state) and `forward` (-> logits). Any other
+nn.Module is captured through its `forward`, with dim 0 of every tensor input named B and
+dim 1 named T unless `dynamic_shapes` says otherwise.
+"""
+
+from __future__ import annotations
+
+import time
+
+import sympy
+import torch
+from torch.export import Dim
+from torch.utils import _pytree as pytree
+
+from ..ir import Graph, verify
+from .source import describe
+from .table import TABLE
+from .translate import CaptureError, Translator, UnsupportedOpError
+
+
+class _Entry(torch.nn.Module):
+    """A zoo model's prefill/decode/forward as the `forward` that torch.export traces."""
+
+    def __init__(self, model: torch.nn.Module, entry: str):
+        super().__init__()
+        self.m, self.entry = model, entry
+
+    def forward(self, input_ids, state=None):
+        if self.entry == "decode":
+            return self.m.decode(input_ids, state)
+        return getattr(self.m, self.entry)(input_ids)
+
+
+def _path_name(path) -> str:
+    parts = []
+    for k in path:
+        if isinstance(k, pytree.MappingKey):
+            parts.append(str(k.key))
+        elif isinstance(k, pytree.SequenceKey):
+            parts.append(str(k.idx))
+        else:
+            parts.append(str(k).strip(".[]'\""))
+    return ".".join(parts)
+
+
+def _names(tree, default: str) -> list[str]:
+    leaves = pytree.tree_flatten_with_path(tree)[0]
+    names = [_path_name(p) for p, _ in leaves]
+    return [n if n else default for n in names]
+
+
+def _example_decode_state(model, input_ids: torch.Tensor):
+    """A state for a decode example: prefill 3 tokens (so cache dims are not 0 or 1)."""
+    B = input_ids.shape[0]
+    prefix = torch.zeros(B, 3, dtype=input_ids.dtype, device=input_ids.device)
+    with torch.no_grad():
+        return model.prefill(prefix)[1]
+
+
+def _growing_dims(model, input_ids: torch.Tensor) -> dict[str, set[int]]:
+    """State dims that grow with the prefix length (KV and latent caches): compare two prefills."""
+    B = input_ids.shape[0]
+    dev = input_ids.device
+    with torch.no_grad():
+        a = model.prefill(torch.zeros(B, 2, dtype=torch.long, device=dev))[1]
+        b = model.prefill(torch.zeros(B, 3, dtype=torch.long, device=dev))[1]
+    return {k: {i for i, (x, y) in enumerate(zip(a[k].shape, b[k].shape)) if x != y} for k in a}
+
+
+def _dynamic_spec(model, entry: str, args: tuple, dynamic: bool):
+    if not dynamic:
+        return None
+    B, T, P = Dim("B"), Dim("T"), Dim("P")
+    if entry in ("prefill", "forward") and hasattr(model, "prefill"):
+        return ({0: B, 1: T},)
+    if entry == "decode":
+        ids, state = args
+        grow = _growing_dims(model, ids) if not ids.is_meta else _meta_growing(state)
+        st = {k: {0: B, **{i: P for i in grow.get(k, ())}} for k in state}
+        return ({0: B}, st)
+    specs = []
+    for a in args:
+        if isinstance(a, torch.Tensor) and a.dim() >= 2:
+            specs.append({0: B, 1: T})
+        elif isinstance(a, torch.Tensor) and a.dim() == 1:
+            specs.append({0: B})
+        else:
+            specs.append(None)
+    return tuple(specs)
+
+
+def _meta_growing(state) -> dict[str, set[int]]:
+    """On the meta device nothing runs: caches are the state entries with 3+ dims named by
+    their layer kind (`ckv`, `krope`, `k`, `v`), growing along dim 1."""
+    return {k: {1} for k in state if k.rsplit(".", 1)[-1] in ("ckv", "krope", "k", "v")}
+
+
+def capture(model: torch.nn.Module, example_inputs: tuple, dynamic: bool = True, *,
+            entry: str | None = None, dynamic_shapes=None, name: str | None = None,
+            verbose: bool = False) -> Graph:
+    """Capture `model` with torch.export into a verified k3c Graph.
+
+    `entry` picks the method of a zoo model: "prefill" (default), "decode" or "forward".
+    For "decode", `example_inputs` is `(input_ids,)` (a state is made by a short prefill)
+    or `(input_ids, state)`. Raises UnsupportedOpError listing every op the frontend does
+    not know, each with the line of model code that produced it.
+    """
+    if not isinstance(example_inputs, tuple):
+        example_inputs = (example_inputs,)
+    is_lm = hasattr(model, "prefill") and hasattr(model, "decode")
+    entry = entry or ("prefill" if is_lm else "forward")
+    if entry not in ("prefill", "decode", "forward"):
+        raise ValueError(f"entry must be 'prefill', 'decode' or 'forward', got {entry!r}")
+    if entry != "forward" and not is_lm:
+        raise ValueError(f"entry {entry!r} needs a model with prefill/decode (a k3c.models model)")
+    args = example_inputs
+    if entry == "decode" and len(args) == 1:
+        ids = args[0][:, :1]
+        args = (ids, _example_decode_state(model, ids) if not ids.is_meta else _meta_state(model, ids))
+    wrapper = _Entry(model, entry) if is_lm else model
+    spec = dynamic_shapes if dynamic_shapes is not None else _dynamic_spec(model, entry, args, dynamic)
+    t0 = time.perf_counter()
+    try:
+        ep = torch.export.export(wrapper, args, dynamic_shapes=spec, strict=False)
+    except Exception as e:  # torch's own message is the useful part
+        raise CaptureError(f"torch.export failed: {type(e).__name__}: {str(e).splitlines()[0]}") from e
+    unknown = _unknown_ops(ep)
+    if unknown:
+        ep = ep.run_decompositions(_decompositions())
+        unknown = _unknown_ops(ep)
+        if unknown:
+            raise UnsupportedOpError(unknown)
+    with torch.no_grad():
+        outputs = getattr(model, entry)(*args) if is_lm else model(*args)
+    in_names = _names(args, "input") if entry != "forward" or not is_lm else ["input_ids"]
+    if is_lm:
+        in_names = ["input_ids"] + [n.split(".", 1)[1] for n in in_names[1:]]
+    out_names = _names(outputs, "output")
+    if is_lm and entry != "forward":
+        out_names = ["logits"] + [n.split(".", 1)[1] for n in out_names[1:]]
+    elif is_lm:
+        out_names = ["logits"]
+    graph = Graph(name or f"{getattr(model, 'name', type(model).__name__)}.{entry}")
+    symbols = _symbol_names(ep, spec, args)
+    graph.dims = {n: _range(ep, s) for s, n in symbols.items()}
+    Translator(ep, graph, symbols, in_names, out_names, weight_prefix="m." if is_lm else "").run(TABLE)
+    graph.meta = {"entry": entry, "model": getattr(model, "name", type(model).__name__)}
+    graph.prune_types()
+    if verbose:
+        print(f"captured {graph.name}: {len(graph.nodes)} nodes in {time.perf_counter() - t0:.1f}s")
+    return verify(graph)
+
+
+def _meta_state(model, ids: torch.Tensor):
+    """A decode example state on the meta device, from the shapes a prefill would give."""
+    with torch.no_grad():
+        return model.prefill(torch.zeros(ids.shape[0], 3, dtype=torch.long, device="meta"))[1]
+
+
+def _symbol_names(ep, spec, args) -> dict[sympy.Symbol, str]:
+    """torch.export's shape symbols (s0, s1, ...) -> the names of the Dims that made them."""
+    names: dict[sympy.Symbol, str] = {}
+    user = [n for n in ep.graph.nodes if n.op == "placeholder"
+            and n.name in {s.arg.name for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT"}]
+    flat_spec = pytree.tree_flatten(spec, is_leaf=lambda x: isinstance(x, dict) and all(
+        isinstance(k, int) for k in x))[0] if spec is not None else []
+    for node, dims in zip(user, flat_spec):
+        if not isinstance(dims, dict):
+            continue
+        val = node.meta["val"]
+        for axis, dim in dims.items():
+            s = val.shape[axis]
+            if isinstance(s, torch.SymInt) and isinstance(s.node.expr, sympy.Symbol):
+                names.setdefault(s.node.expr, dim.__name__)
+    return names
+
+
+def _range(ep, s: sympy.Symbol) -> tuple[int, int | None]:
+    vr = ep.range_constraints.get(s)
+    lo = max(1, int(vr.lower)) if vr is not None and isinstance(vr.lower, sympy.Integer) else 1
+    hi = int(vr.upper) if vr is not None and isinstance(vr.upper, sympy.Integer) else None
+    return lo, hi
+
+
+def _unknown_ops(ep) -> list[tuple[str, str]]:
+    out = []
+    for n in ep.graph.nodes:
+        if n.op != "call_function" or n.target in TABLE:
+            continue
+        if str(n.target).startswith("<built-in function") or "sym_size" in str(n.target):
+            continue
+        out.append((str(n.target), describe(n.meta.get("stack_trace"))))
+    return out
+
+
+def _decompositions() -> dict:
+    """torch's core-ATen decompositions for every op k3c does not keep whole."""
+    table = torch.export.default_decompositions()
+    for op in list(table):
+        if op in TABLE:
+            del table[op]
+    return table

@@ -1,0 +1,77 @@
+"""Symbolic dimensions: a dim is an int or a sympy expression over named symbols (B, T, P).
+
+torch.export's symbols (s0, s1, ...) are renamed to the names the user gave the dynamic
+dims, so that the IR reads `f32[B, T, 256]` and `P + 1`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import sympy
+
+Dim = int | sympy.Expr
+
+
+def sym(name: str) -> sympy.Symbol:
+    return sympy.Symbol(name, integer=True, positive=True)
+
+
+def normalize(d) -> Dim:
+    """An int for a constant, else a canonical sympy expression."""
+    if isinstance(d, bool):
+        raise TypeError("a dim cannot be a bool")
+    if isinstance(d, int):
+        return d
+    if isinstance(d, sympy.Basic):
+        d = sympy.expand(d)
+        return int(d) if d.is_Integer else d
+    raise TypeError(f"not a dim: {d!r}")
+
+
+def is_static(d: Dim) -> bool:
+    return isinstance(d, int)
+
+
+def equal(a: Dim, b: Dim) -> bool:
+    if isinstance(a, int) and isinstance(b, int):
+        return a == b
+    return sympy.simplify(sympy.sympify(a) - sympy.sympify(b)) == 0
+
+
+def to_str(d: Dim) -> str:
+    return str(d) if isinstance(d, int) else sympy.sstr(d)
+
+
+def parse(text: str, symbols: Mapping[str, sympy.Symbol]) -> Dim:
+    text = text.strip()
+    if text.lstrip("-").isdigit():
+        return int(text)
+    unknown = _names(text) - set(symbols) - _FUNCS
+    if unknown:
+        raise ValueError(f"undeclared dim {sorted(unknown)[0]!r} in {text!r}")
+    return normalize(sympy.sympify(text, locals=dict(symbols)))
+
+
+_FUNCS = {"ceiling", "floor", "Max", "Min", "Mod", "FloorDiv", "CeilDiv"}
+
+
+def _names(text: str) -> set[str]:
+    import re
+
+    return set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", text))
+
+
+def evaluate(d: Dim, env: Mapping[str, int]) -> int:
+    """The value of `d` once the symbols are bound (a KeyError names an unbound one)."""
+    if isinstance(d, int):
+        return d
+    missing = {s.name for s in d.free_symbols} - set(env)
+    if missing:
+        raise KeyError(f"dim {to_str(d)} needs unbound symbol(s) {sorted(missing)}")
+    val = d.subs({sympy.Symbol(n, integer=True, positive=True): v for n, v in env.items()})
+    return int(val)
+
+
+def symbols_of(d: Dim) -> set[str]:
+    return set() if isinstance(d, int) else {s.name for s in d.free_symbols}

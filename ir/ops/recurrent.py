@@ -1,0 +1,108 @@
+"""Recurrent-state ops: pure functions of (inputs, state) -> (outputs, new state).
+
+Shapes follow fla: q, k [B, T, H, K], v [B, T, H, V], state [B, H, K, V] fp32. The
+references are the recurrent definitions in k3c.kernels; the chunked forms are what the
+chunk-delta-rule pass rewrites these into.
+"""
+
+from __future__ import annotations
+
+from ...kernels.delta_rule.naive import naive_recurrent_delta_rule
+from ...kernels.gated_delta_rule.naive import naive_recurrent_gated_delta_rule
+from ...kernels.kda.naive import naive_recurrent_kda
+from ...kernels.linear_attention.naive import naive_recurrent_linear_attention
+from ...kernels.short_conv.naive import naive_short_conv
+from .. import dims as D
+from ..types import TensorType
+from .spec import REQUIRED, defop, expect
+
+
+def _same_dims(a, b) -> bool:
+    return len(a) == len(b) and all(D.equal(x, y) for x, y in zip(a, b))
+
+
+def _fmt(shape) -> str:
+    return "[" + ", ".join(D.to_str(d) for d in shape) + "]"
+
+
+def check_qkv(q: TensorType, k: TensorType, v: TensorType) -> tuple:
+    expect(q.rank == 4, "qkv-shape", f"q must be [B, T, H, K], got {q}")
+    expect(k.same_as(q.with_dtype(k.dtype)), "qkv-shape", f"k {k} must have q's shape {_fmt(q.shape)}")
+    expect(v.rank == 4 and _same_dims(v.shape[:3], q.shape[:3]), "qkv-shape",
+           f"v must be [B, T, H, V] with q's B, T, H; got {v} for q {q}")
+    B, T, H, K = q.shape
+    return B, T, H, K, v.shape[3]
+
+
+def check_state(state: TensorType, expected: tuple, what: str = "state") -> None:
+    expect(state.dtype == "f32", "state-dtype", f"{what} must be f32, got {state.dtype}")
+    expect(_same_dims(state.shape, expected), "state-shape",
+           f"{what} must be f32{_fmt(expected)}, got {state}")
+
+
+def _gated_infer(q, k, v, g, beta, state, *, scale, per_channel: bool) -> list[TensorType]:
+    B, T, H, K, V = check_qkv(q, k, v)
+    g_shape = (B, T, H, K) if per_channel else (B, T, H)
+    expect(_same_dims(g.shape, g_shape), "gate-shape", f"g must be {_fmt(g_shape)}, got {g}")
+    expect(_same_dims(beta.shape, (B, T, H)), "beta-shape", f"beta must be {_fmt((B, T, H))}, got {beta}")
+    check_state(state, (B, H, K, V))
+    return [v.with_shape((B, T, H, V)), state]
+
+
+defop("kda", "q k v g beta state", "o state_out", attrs={"scale": REQUIRED},
+      infer=lambda q, k, v, g, beta, state, scale: _gated_infer(q, k, v, g, beta, state, scale=scale,
+                                                                per_channel=True),
+      ref=lambda q, k, v, g, beta, state, scale: naive_recurrent_kda(q, k, v, g, beta, scale, state),
+      families="recurrent delta_family",
+      doc="KDA: S = diag(exp g_t) S; S += beta_t k_t (v_t - k_t^T S)^T; o_t = scale q_t^T S")
+defop("gated_delta_rule", "q k v g beta state", "o state_out", attrs={"scale": REQUIRED},
+      infer=lambda q, k, v, g, beta, state, scale: _gated_infer(q, k, v, g, beta, state, scale=scale,
+                                                                per_channel=False),
+      ref=lambda q, k, v, g, beta, state, scale: naive_recurrent_gated_delta_rule(q, k, v, g, beta, scale,
+                                                                                   state),
+      families="recurrent delta_family", doc="KDA with one decay per head: g [B, T, H]")
+
+
+def _delta_infer(q, k, v, beta, state, *, scale) -> list[TensorType]:
+    B, T, H, K, V = check_qkv(q, k, v)
+    expect(_same_dims(beta.shape, (B, T, H)), "beta-shape", f"beta must be {_fmt((B, T, H))}, got {beta}")
+    check_state(state, (B, H, K, V))
+    return [v.with_shape((B, T, H, V)), state]
+
+
+defop("delta_rule", "q k v beta state", "o state_out", attrs={"scale": REQUIRED}, infer=_delta_infer,
+      ref=lambda q, k, v, beta, state, scale: naive_recurrent_delta_rule(q, k, v, beta, scale, state),
+      families="recurrent delta_family", doc="DeltaNet: KDA without decay")
+
+
+def _linear_infer(q, k, v, state, z, *, scale) -> list[TensorType]:
+    B, T, H, K, V = check_qkv(q, k, v)
+    check_state(state, (B, H, K, V))
+    check_state(z, (B, H, K), "normaliser z")
+    return [v.with_shape((B, T, H, V)), state, z]
+
+
+def _linear_ref(q, k, v, state, z, scale):
+    o, (S, zz) = naive_recurrent_linear_attention(q, k, v, scale, (state, z))
+    return o, S, zz
+
+
+defop("linear_attention", "q k v state z", "o state_out z_out", attrs={"scale": REQUIRED},
+      infer=_linear_infer, ref=_linear_ref, families="recurrent delta_family",
+      doc="S += k_t v_t^T; z += k_t; o_t = q_t^T S / q_t^T z")
+
+
+def _conv_infer(x, w, state, *, activation) -> list[TensorType]:
+    expect(x.rank == 3, "conv-shape", f"short_conv input must be [B, T, C], got {x}")
+    expect(w.rank == 2 and D.equal(w.shape[0], x.shape[2]), "conv-shape",
+           f"short_conv weight must be [C, W] with C = {D.to_str(x.shape[2])}, got {w}")
+    expect(activation in ("silu", "none"), "attr", f"short_conv activation must be 'silu' or 'none', got {activation!r}")
+    expected = (x.shape[0], x.shape[2], D.normalize(w.shape[1] - 1))
+    expect(_same_dims(state.shape, expected), "state-shape",
+           f"conv state must be {x.dtype}{_fmt(expected)}, got {state}")
+    return [x, state]
+
+
+defop("short_conv", "x w state", "y state_out", attrs={"activation": "none"}, infer=_conv_infer,
+      ref=lambda x, w, state, activation: naive_short_conv(x, w, state, None if activation == "none" else activation),
+      families="recurrent", doc="causal depthwise conv over [state ++ x]; state = last W-1 inputs")

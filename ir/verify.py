@@ -1,0 +1,82 @@
+"""The verifier: names the node, the broken rule and the user's source line.
+
+Rules: unknown-op, arity, attr, undefined-value, redefined-value, undeclared-dim,
+type-mismatch, undefined-output, plus each op's own shape rules (state-shape, qkv-shape, ...).
+"""
+
+from __future__ import annotations
+
+from . import dims as D
+from .graph import Graph, Node
+from .ops import OPS, ShapeError
+
+
+class VerifyError(Exception):
+    def __init__(self, rule: str, message: str, node: Node | None = None):
+        self.rule, self.node = rule, node
+        where = f"node {node.describe()}: " if node is not None else ""
+        super().__init__(f"{where}[{rule}] {message}")
+
+
+def verify(graph: Graph) -> Graph:
+    """Check `graph`; return it unchanged or raise VerifyError."""
+    declared = set(graph.dims)
+
+    def check_dims(name: str, node: Node | None = None) -> None:
+        for d in graph.types[name].shape:
+            unknown = D.symbols_of(d) - declared
+            if unknown:
+                raise VerifyError("undeclared-dim", f"value %{name} uses undeclared dim(s) {sorted(unknown)}", node)
+
+    defined: set[str] = set()
+    for name in list(graph.inputs) + list(graph.weights):
+        if name not in graph.types:
+            raise VerifyError("undefined-value", f"input or weight %{name} has no type")
+        if name in defined:
+            raise VerifyError("redefined-value", f"%{name} is declared twice")
+        check_dims(name)
+        defined.add(name)
+    for name, t in graph.weights.items():
+        if tuple(t.shape) != graph.types[name].shape:
+            raise VerifyError("type-mismatch", f"weight %{name} holds {list(t.shape)}, declared {graph.types[name]}")
+    for node in graph.nodes:
+        _verify_node(graph, node, defined)
+        for o in node.outputs:
+            check_dims(o, node)
+            defined.add(o)
+    for out, value in graph.outputs:
+        if value not in defined:
+            raise VerifyError("undefined-output", f"output {out!r} refers to undefined value %{value}")
+    return graph
+
+
+def _verify_node(graph: Graph, node: Node, defined: set[str]) -> None:
+    spec = OPS.get(node.op)
+    if spec is None:
+        raise VerifyError("unknown-op", f"op {node.op!r} is not declared", node)
+    if not spec.arity_ok(len(node.inputs)):
+        raise VerifyError("arity", f"{node.op} takes inputs ({', '.join(spec.inputs)}), got {len(node.inputs)}", node)
+    for i in node.inputs:
+        if i not in defined:
+            raise VerifyError("undefined-value", f"input %{i} is not defined before use", node)
+    unknown = set(node.attrs) - set(spec.attrs)
+    if unknown:
+        raise VerifyError("attr", f"unknown attribute(s) {sorted(unknown)} for {node.op}", node)
+    try:
+        attrs = spec.full_attrs(node.attrs)
+    except KeyError as e:
+        raise VerifyError("attr", f"missing attribute {e.args[0]!r} of {node.op}", node) from None
+    try:
+        inferred = spec.infer(*[graph.types[i] for i in node.inputs], **attrs)
+    except ShapeError as e:
+        raise VerifyError(e.rule, str(e), node) from None
+    if len(inferred) != len(node.outputs):
+        raise VerifyError("arity", f"{node.op} yields {len(inferred)} outputs, node names {len(node.outputs)}", node)
+    for o, t in zip(node.outputs, inferred):
+        if o in defined:
+            raise VerifyError("redefined-value", f"%{o} is defined twice", node)
+        declared = graph.types.get(o)
+        if declared is None:
+            raise VerifyError("undefined-value", f"output %{o} has no declared type", node)
+        if not declared.same_as(t):
+            raise VerifyError("type-mismatch", f"output %{o} is declared {declared}, but {node.op} gives {t}", node)

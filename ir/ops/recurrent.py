@@ -96,7 +96,8 @@ def _conv_infer(x, w, state, *, activation) -> list[TensorType]:
     expect(x.rank == 3, "conv-shape", f"short_conv input must be [B, T, C], got {x}")
     expect(w.rank == 2 and D.equal(w.shape[0], x.shape[2]), "conv-shape",
            f"short_conv weight must be [C, W] with C = {D.to_str(x.shape[2])}, got {w}")
-    expect(activation in ("silu", "none"), "attr", f"short_conv activation must be 'silu' or 'none', got {activation!r}")
+    expect(activation in ("silu", "none"), "attr",
+           f"short_conv activation must be 'silu' or 'none', got {activation!r}")
     expected = (x.shape[0], x.shape[2], D.normalize(w.shape[1] - 1))
     expect(_same_dims(state.shape, expected), "state-shape",
            f"conv state must be {x.dtype}{_fmt(expected)}, got {state}")

@@ -1,1 +1,34 @@
-"""k3c.backends."""
+"""k3c.backends: reference (the interpreter), onnx, tvm, triton.
+
+`get(name)` returns a backend object (see base.py for what one is); heavy toolchains are
+imported only when their backend is asked for.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from .base import Backend, Runner, UnsupportedNodeError, check_supported
+
+# name -> "module:attribute" of the backend object's class
+_REGISTRY = {
+    "reference": "k3c.backends.reference:ReferenceBackend",
+    "onnx": "k3c.backends.onnx:OnnxBackend",
+    "tvm": "k3c.backends.tvm:TvmBackend",
+    "triton": "k3c.backends.triton:TritonBackend",
+}
+NAMES = tuple(_REGISTRY)
+
+
+def get(name: str, **options) -> Backend:
+    if name not in _REGISTRY:
+        raise KeyError(f"unknown backend {name!r}; known: {', '.join(_REGISTRY)}")
+    module, attr = _REGISTRY[name].split(":")
+    try:
+        cls = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as e:
+        raise KeyError(f"backend {name!r} is not available here: {e}") from e
+    return cls(**options)
+
+
+__all__ = ["get", "NAMES", "Backend", "Runner", "UnsupportedNodeError", "check_supported"]

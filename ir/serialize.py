@@ -34,5 +34,7 @@ def load(directory: str | Path) -> Graph:
     for name, t in tensors.items():
         if tuple(t.shape) != tuple(graph.weights[name].shape) and not graph.weights[name].is_meta:
             raise ValueError(f"{wfile}: weight {name!r} has shape {list(t.shape)}, graph says {graph.types[name]}")
-        graph.weights[name] = t
+        # a fresh allocation: safetensors' buffers are not 64-byte aligned, and BLAS
+        # kernels round differently on unaligned data
+        graph.weights[name] = t.clone()
     return graph

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from . import kernels, models  # noqa: F401  (kernels registers torch.ops.k3c.*)
+from . import backends, ir, kernels, models, passes  # noqa: F401  (kernels registers torch.ops.k3c.*)
+from .compiler import CompiledModel, capture_entries, compile
+from .frontend import capture
 
-__all__ = ["__version__", "kernels", "models"]
+__all__ = ["__version__", "capture", "compile", "capture_entries", "CompiledModel", "kernels", "models", "ir",
+           "passes", "backends"]

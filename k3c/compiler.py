@@ -1,0 +1,90 @@
+"""`k3c.compile`: capture -> passes -> backend lowering -> artifact on disk -> callable."""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from . import backends
+from .frontend import capture
+from .ir import Graph
+
+
+def capture_entries(model: torch.nn.Module, example_inputs: tuple, dynamic: bool = True) -> dict[str, Graph]:
+    """The graphs a backend compiles: prefill and decode for a zoo model, else forward."""
+    if hasattr(model, "prefill") and hasattr(model, "decode"):
+        return {"prefill": capture(model, example_inputs, dynamic, entry="prefill"),
+                "decode": capture(model, example_inputs, dynamic, entry="decode")}
+    return {"forward": capture(model, example_inputs, dynamic)}
+
+
+class CompiledModel:
+    """A compiled model: `model(input_ids) -> logits`, `prefill`, `decode` like the eager one.
+
+    The state is the same flat dict of named tensors the eager model uses.
+    """
+
+    def __init__(self, runner, graphs: dict[str, Graph], out_dir: Path, backend: str,
+                 timings: dict[str, float] | None = None):
+        self.runner, self.graphs, self.out_dir, self.backend = runner, graphs, Path(out_dir), backend
+        self.timings = timings or {}
+
+    def __call__(self, *inputs: torch.Tensor):
+        if "prefill" in self.graphs:
+            return self.prefill(*inputs)[0]
+        outs = self.runner.run("forward", *inputs)
+        return outs[0] if len(outs) == 1 else outs
+
+    def prefill(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        outs = self.runner.run("prefill", input_ids)
+        names = [k for k, _ in self.graphs["prefill"].outputs]
+        return outs[0], dict(zip(names[1:], outs[1:]))
+
+    def decode(self, input_ids: torch.Tensor, state: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict]:
+        g = self.graphs["decode"]
+        missing = [n for n in g.inputs[1:] if n not in state]
+        if missing:
+            raise KeyError(f"decode state lacks {missing[:4]}{' ...' if len(missing) > 4 else ''}")
+        outs = self.runner.run("decode", input_ids, *[state[n] for n in g.inputs[1:]])
+        names = [k for k, _ in g.outputs]
+        return outs[0], dict(zip(names[1:], outs[1:]))
+
+
+def compile(model: torch.nn.Module, backend: str, example_inputs: tuple, out_dir: str | Path | None = None,
+            passes: str | list[str] = "default", *, dynamic: bool = True, verbose: bool = False,
+            **options) -> CompiledModel:
+    """Compile `model` for `backend` ("reference", "onnx", "tvm", "triton").
+
+    Writes the artifact to `out_dir` (a new temporary folder when None) and returns a
+    callable backed by it. An op the backend cannot lower is an UnsupportedNodeError that
+    names every such node, the backend and the model line.
+    """
+    from . import passes as passes_mod
+
+    if not isinstance(example_inputs, tuple):
+        example_inputs = (example_inputs,)
+    be = backends.get(backend, **options.pop("backend_options", {}))
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    graphs = capture_entries(model, example_inputs, dynamic)
+    timings["capture"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    graphs = {e: passes_mod.run(g, passes) for e, g in graphs.items()}
+    timings["passes"] = time.perf_counter() - t0
+    for g in graphs.values():
+        backends.check_supported(be, g)
+    out = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix=f"k3c-{backend}-"))
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    be.lower(graphs, out, **options)
+    timings["lower"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    runner = be.load(out, **options)
+    timings["load"] = time.perf_counter() - t0
+    if verbose:
+        print(f"compiled {getattr(model, 'name', type(model).__name__)} for {backend} into {out}: "
+              + ", ".join(f"{k} {v:.1f}s" for k, v in timings.items()))
+    return CompiledModel(runner, graphs, out, backend, timings)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from ..ir import Graph, Node, OPS, interpret, load, save
+from ..ir import OPS, Graph, Node, interpret, load, save
 
 
 class ReferenceRunner:

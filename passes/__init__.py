@@ -10,7 +10,13 @@ from ..ir import Graph, verify
 PIPELINES: dict[str, list[str]] = {"none": [], "default": []}
 
 
-def run(graph: Graph, pipeline: str | list[str] = "default", *, verify_each: bool = True) -> Graph:
+def run(graph: Graph, pipeline: str | list[str] = "default", *, verify_each: bool = True,
+        stop_after: str | None = None, dump_after: str | None = None, report: list | None = None) -> Graph:
+    """Run a pipeline (a name in PIPELINES or a list of pass names) on a copy of `graph`.
+
+    stop_after: return the graph as it is after that pass; dump_after: print the IR after it;
+    report: a list that receives one entry per pass (what it changed, node count, time).
+    """
     names = PIPELINES[pipeline] if isinstance(pipeline, str) else list(pipeline)
     if names:
         raise NotImplementedError("passes land with the pass manager")

@@ -1,1 +1,23 @@
-"""Placeholder: the chunked form lands with the kernel work."""
+"""The delta rule in the chunked (WY/UT) form: the shared pieces of `k3c.kernels.delta_chunk`
+with no gate (G = 0, so nothing decays). See README.md."""
+
+from __future__ import annotations
+
+import torch
+
+from ..delta_chunk import chunk_delta
+
+
+def chunk_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    beta: torch.Tensor,
+    *,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    chunk_size: int = 64,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """As `chunk_kda` without g. Equals `naive_recurrent_delta_rule`."""
+    return chunk_delta(q, k, v, None, beta, scale=scale, initial_state=initial_state,
+                       chunk_size=chunk_size)

@@ -1,0 +1,302 @@
+"""The chunked (WY/UT) form shared by the delta-rule family: KDA, gated delta rule, delta rule,
+and (without the WY transform) linear attention.
+
+The computation is three pieces, each callable on its own (a compiler pass rewrites one
+recurrent op into exactly these, and every backend lowers them separately):
+
+  (a) `chunk_delta_prepare` / `chunk_linear_prepare`: intra-chunk work, parallel over chunks.
+      Pads T to a multiple of C, cumulative gates G, the masked decayed scores, the WY/UT
+      transform A = (I + L)^-1 diag(beta) by forward substitution, W = A (exp(G) k), U = A v,
+      and the masked Aqk.
+  (b) `chunk_state_scan`: the only sequential part, a loop over the NC = ceil(T / C) chunks.
+  (c) `chunk_output`: O = scale ((q exp(G)) S_start + Aqk Vn), parallel over chunks, unpadded.
+
+Inputs use fla's layout ([B, T, H, K], state [B, H, K, V]); between the pieces tensors are in
+chunk layout [B, H, NC, C, ...], so every chunk product is one batched matmul. All fp32.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+
+Tensor = torch.Tensor
+
+
+class DeltaChunks(NamedTuple):
+    """What piece (a) hands to the scan (b) and the output (c); chunk layout [B, H, NC, C, ...]."""
+
+    q_decayed: Tensor  # [B, H, NC, C, K]  q * exp(G)
+    k_decayed: Tensor  # [B, H, NC, C, K]  k * exp(G_last - G): a key's weight in the chunk's state
+    w: Tensor | None  # [B, H, NC, C, K]  A (exp(G) * k); None: no delta correction (linear attn)
+    u: Tensor  # [B, H, NC, C, V]  A v
+    aqk: Tensor  # [B, H, NC, C, C]  sum_d q_i k_j exp(G_i - G_j) for j <= i, else 0
+    decay_last: Tensor | None  # [B, H, NC, K] or [B, H, NC, 1]  exp(G_last); None: no decay
+
+
+# ---------------------------------------------------------------------------- layout
+
+
+def to_chunks(x: Tensor, chunk_size: int) -> Tensor:
+    """[B, T, H, ...] -> [B, H, NC, C, ...] fp32, zero-padded in time to NC * C."""
+    B, T, H = x.shape[:3]
+    NC = -(-T // chunk_size)
+    out = torch.empty(B, H, NC * chunk_size, *x.shape[3:], dtype=torch.float32, device=x.device)
+    out[:, :, :T] = x.transpose(1, 2)
+    out[:, :, T:] = 0
+    return out.view(B, H, NC, chunk_size, *x.shape[3:])
+
+
+def from_chunks(x: Tensor, T: int) -> Tensor:
+    """[B, H, NC, C, ...] -> [B, T, H, ...]: the inverse of `to_chunks`, padding dropped."""
+    B, H, NC, C = x.shape[:4]
+    return x.movedim(1, 3).reshape(B, NC * C, H, *x.shape[4:])[:, :T]
+
+
+# ---------------------------------------------------------------- (a) intra-chunk
+
+# A decay factor is exp(max(x, EXP_FLOOR)) for its log x <= 0. Raising a factor that is below
+# e^-30 (1e-13) to e^-30 is invisible in fp32 next to any O(1) term, and it keeps exp and the
+# products that follow off the CPU's slow paths for underflow and subnormal numbers (10 to 30
+# times slower). Entries that must be exactly zero (j > i) are zeroed by a mask, not by exp.
+EXP_FLOOR = -30.0
+
+
+def decay_exp_(x: Tensor) -> Tensor:
+    """exp(max(x, EXP_FLOOR)) in place, for log-decays x <= 0."""
+    return x.clamp_(min=EXP_FLOOR).exp_()
+
+
+def decay_exp(x: Tensor) -> Tensor:
+    """exp(max(x, EXP_FLOOR)), for log-decays x <= 0."""
+    return decay_exp_(x.clone())
+
+
+
+def causal_mask(C: int, device: torch.device, strict: bool = False) -> Tensor:
+    """[C, C] bool, True where column j may feed row i (j <= i, or j < i when strict)."""
+    return torch.ones(C, C, dtype=torch.bool, device=device).tril(-1 if strict else 0)
+
+
+def channel_decay_scores_pairwise(q: Tensor, k: Tensor, G: Tensor) -> tuple[Tensor, Tensor]:
+    """The definition: x_i . (k_j * exp(G_i - G_j)) with the pairwise exponent masked to -inf
+    above the diagonal before the exp, so nothing overflows however strong the decay.
+
+    q, k, G [..., C, K] -> (kk [..., C, C] for j < i, qk [..., C, C] for j <= i; 0 elsewhere).
+    Costs C * C * K exps; `channel_decay_scores` gives the same with about 6 * C * K.
+    """
+    C = G.shape[-2]
+    diff = G[..., :, None, :] - G[..., None, :, :]  # [..., C(i), C(j), K]
+    decay = decay_exp_(diff.masked_fill(~causal_mask(C, G.device)[:, :, None], float("-inf")))
+    kj = decay * k[..., None, :, :]
+    kk = (kj * k[..., :, None, :]).sum(-1).tril(-1)
+    qk = (kj * q[..., :, None, :]).sum(-1).tril()
+    return kk, qk
+
+
+def _tree_levels(C: int) -> list[int]:
+    """Half-block sizes of the binary split of a chunk: C/2, C/4, ... while the block is even."""
+    halves, b = [], C
+    while b % 2 == 0:
+        b //= 2
+        halves.append(b)
+    return halves
+
+
+def _block_diagonal(x: Tensor, nb: int) -> Tensor:
+    """A writable view [..., C/nb, C/nb, nb] of the nb diagonal blocks of x [..., C, C]."""
+    C = x.shape[-1]
+    return torch.diagonal(x.view(*x.shape[:-2], nb, C // nb, nb, C // nb), dim1=-4, dim2=-2)
+
+
+def channel_decay_scores(q: Tensor, k: Tensor, G: Tensor) -> tuple[Tensor, Tensor]:
+    """Same result as `channel_decay_scores_pairwise`, by a binary split of the chunk.
+
+    Split a block of 2h rows at its middle m. Rows i >= m against columns j < m factor through
+    m: exp(G_i - G_j) = exp(G_i - G_m) * exp(G_m - G_j). With g <= 0 both exponents are <= 0,
+    so neither factor overflows (unlike exp(G_i) * exp(-G_j)), and the block is one batched
+    matmul. Recursing into both halves covers every j < i with log2(C) levels of C * K exps
+    instead of C * C * K; blocks that can no longer be halved (odd sizes) fall back to the
+    pairwise definition.
+    """
+    *lead, C, K = G.shape
+    n = math.prod(lead)
+    kk, qk = G.new_zeros(*lead, C, C), G.new_zeros(*lead, C, C)
+    # Work buffers shared by the levels (each level needs C * K of each).
+    expo_buf, rows_buf, cols_buf = G.new_empty(n * C * K), G.new_empty(n * C * K), G.new_empty(
+        n * C * K // 2)
+    halves = _tree_levels(C)
+    for h in halves:
+        nb = C // (2 * h)
+        Gb = G.view(*lead, nb, 2, h, K)
+        # G - G_m, m the first row of the second half; negated on the first half: all <= 0
+        f = torch.sub(Gb, Gb[..., 1:, :1, :], out=expo_buf.view(Gb.shape))
+        f[..., 0, :, :].neg_()
+        f = decay_exp_(f)
+        rows = rows_buf.view(*lead, nb, 2, h, K)  # [k rows; q rows] of the second half
+        torch.mul(k.view(Gb.shape)[..., 1, :, :], f[..., 1, :, :], out=rows[..., 0, :, :])
+        torch.mul(q.view(Gb.shape)[..., 1, :, :], f[..., 1, :, :], out=rows[..., 1, :, :])
+        cols = torch.mul(k.view(Gb.shape)[..., 0, :, :], f[..., 0, :, :],
+                         out=cols_buf.view(*lead, nb, h, K))
+        blk = (rows.view(*lead, nb, 2 * h, K) @ cols.transpose(-1, -2)).movedim(-3, -1)
+        _block_diagonal(kk, nb)[..., h:, :h, :] = blk[..., :h, :, :]
+        _block_diagonal(qk, nb)[..., h:, :h, :] = blk[..., h:, :, :]
+    leaf = C >> len(halves)
+    nb = C // leaf
+    if leaf == 1:  # only the diagonal is left: exp(G_i - G_i) = 1
+        _block_diagonal(qk, nb)[..., 0, 0, :] = (q[..., None, :] @ k[..., :, None])[..., 0, 0]
+        return kk, qk
+    lkk, lqk = channel_decay_scores_pairwise(*(x.view(*lead, nb, leaf, K) for x in (q, k, G)))
+    _block_diagonal(kk, nb).copy_(lkk.movedim(-3, -1))
+    _block_diagonal(qk, nb).copy_(lqk.movedim(-3, -1))
+    return kk, qk
+
+
+def _row_substitution(L: Tensor) -> Tensor:
+    """(I + L)^-1 row by row: N[i, :i] = -L[i, :i] - L[i, :i] @ N[:i, :i], N = inverse - I."""
+    C = L.shape[-1]
+    N = torch.zeros_like(L)
+    for i in range(1, C):
+        l_i = L[..., i : i + 1, :i]  # [..., 1, i]
+        N[..., i, :i] = -(l_i + l_i @ N[..., :i, :i]).squeeze(-2)
+    return N + torch.eye(C, dtype=L.dtype, device=L.device)
+
+
+def unit_lower_inverse(L: Tensor, block: int = 8) -> Tensor:
+    """(I + L)^-1 for a strictly lower-triangular L [..., C, C], by forward substitution.
+
+    First row by row inside the diagonal blocks of `block` rows (all blocks at once), then
+    block row by block row: T[P, :P] = -T[P, P] L[P, :P] T[:P, :P] for T = (I + L)^-1, which
+    is the same substitution with matrices for scalars. Never a general inverse.
+    """
+    *lead, C, _ = L.shape
+    if C <= block or C % block:
+        return _row_substitution(L)
+    nb = C // block
+    diag = _block_diagonal(L, nb).movedim(-1, -3)  # [..., nb, block, block]
+    T_diag = _row_substitution(diag.contiguous())
+    T = torch.zeros_like(L)
+    _block_diagonal(T, nb).copy_(T_diag.movedim(-3, -1))
+    for p in range(1, nb):
+        rows, done = slice(p * block, (p + 1) * block), slice(0, p * block)
+        T[..., rows, done] = -T_diag[..., p, :, :] @ (L[..., rows, done] @ T[..., done, done])
+    return T
+
+
+def _gates_per_channel(q: Tensor, k: Tensor, g: Tensor, C: int):
+    G = to_chunks(g, C).cumsum(-2)  # [B, H, NC, C, K]
+    kk, qk = channel_decay_scores(q, k, G)
+    eG = decay_exp(G)
+    G_last = G[..., -1:, :]
+    return kk, qk, q * eG, k * eG, k * decay_exp(G_last - G), decay_exp(G_last.squeeze(-2))
+
+
+def _gates_per_head(q: Tensor, k: Tensor, g: Tensor, C: int):
+    G = to_chunks(g, C).cumsum(-1)  # [B, H, NC, C]
+    diff = G[..., :, None] - G[..., None, :]
+    decay = decay_exp_(diff.masked_fill(~causal_mask(C, G.device), float("-inf")))
+    kk = (k @ k.transpose(-1, -2) * decay).tril(-1)
+    qk = (q @ k.transpose(-1, -2) * decay).tril()
+    eG = decay_exp(G)[..., None]
+    G_last = G[..., -1:]
+    return kk, qk, q * eG, k * eG, k * decay_exp(G_last - G)[..., None], decay_exp(G_last)
+
+
+def _no_gates(q: Tensor, k: Tensor, C: int):
+    kk = (k @ k.transpose(-1, -2)).tril(-1)
+    qk = (q @ k.transpose(-1, -2)).tril()
+    return kk, qk, q, k, k, None
+
+
+def chunk_delta_prepare(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor,
+                        chunk_size: int) -> DeltaChunks:
+    """(a) Intra-chunk preparation for the delta rule, parallel over chunks.
+
+    q, k [B, T, H, K]; v [B, T, H, V]; beta [B, T, H]; g (log-decay, <= 0) per channel
+    [B, T, H, K] (KDA), per head [B, T, H] (gated delta rule) or None (delta rule).
+    Per chunk, G = cumsum(g) and
+        L   = beta_i sum_d k_i k_j exp(G_i - G_j)   (j < i)     A = (I + L)^-1 diag(beta)
+        W   = A (exp(G) k),  U = A v,  Aqk = sum_d q_i k_j exp(G_i - G_j)   (j <= i)
+    Returns `DeltaChunks` in chunk layout [B, H, NC, C, ...].
+    """
+    C = chunk_size
+    q, k, v, beta = (to_chunks(x, C) for x in (q, k, v, beta))
+    if g is None:
+        kk, qk, q_dec, k_w, k_dec, decay_last = _no_gates(q, k, C)
+    elif g.dim() == 3:
+        kk, qk, q_dec, k_w, k_dec, decay_last = _gates_per_head(q, k, g, C)
+    else:
+        kk, qk, q_dec, k_w, k_dec, decay_last = _gates_per_channel(q, k, g, C)
+    A = unit_lower_inverse(beta[..., None] * kk) * beta[..., None, :]
+    return DeltaChunks(q_dec, k_dec, A @ k_w, A @ v, qk, decay_last)
+
+
+def chunk_linear_prepare(q: Tensor, k: Tensor, v: Tensor, chunk_size: int) -> DeltaChunks:
+    """(a) for linear attention: no WY transform (A = I, beta = 1, no delta correction).
+
+    Returns `DeltaChunks` with w = None, decay_last = None, u = v in chunk layout and
+    Aqk = q k^T masked to j <= i.
+    """
+    q, k, v = (to_chunks(x, chunk_size) for x in (q, k, v))
+    qk = (q @ k.transpose(-1, -2)).tril()
+    return DeltaChunks(q, k, None, v, qk, None)
+
+
+# ------------------------------------------------------------- (b) the state scan
+
+
+def chunk_state_scan(w: Tensor | None, u: Tensor, k_decayed: Tensor, decay_last: Tensor | None,
+                     initial_state: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """(b) The inter-chunk scan, the only sequential part (NC steps).
+
+    w, k_decayed [B, H, NC, C, K]; u [B, H, NC, C, V]; decay_last [B, H, NC, K or 1];
+    initial_state [B, H, K, V] (None: zeros). Per chunk n:
+        Vn = U - W S;   record S as the chunk's start state;
+        S  = exp(G_last)[:, None] * S + (k * exp(G_last - G))^T Vn
+    Returns (v_new [B, H, NC, C, V], start_states [B, H, NC, K, V], final state [B, H, K, V]).
+    """
+    B, H, NC, C, V = u.shape
+    K = k_decayed.shape[-1]
+    if initial_state is None:
+        S = u.new_zeros(B * H, K, V)
+    else:
+        S = initial_state.float().reshape(B * H, K, V)
+    u_, kt = u.view(B * H, NC, C, V), k_decayed.view(B * H, NC, C, K).transpose(-1, -2)
+    w_ = None if w is None else w.view(B * H, NC, C, K)
+    d_ = None if decay_last is None else decay_last.reshape(B * H, NC, -1, 1)
+    v_new, starts = [], []
+    for n in range(NC):
+        starts.append(S)
+        vn = u_[:, n] if w_ is None else torch.baddbmm(u_[:, n], w_[:, n], S, alpha=-1)
+        v_new.append(vn)
+        S = torch.baddbmm(S if d_ is None else S * d_[:, n], kt[:, n], vn)
+    return (torch.stack(v_new, 1).view(B, H, NC, C, V),
+            torch.stack(starts, 1).view(B, H, NC, K, V), S.view(B, H, K, V))
+
+
+# ----------------------------------------------------------------- (c) the output
+
+
+def chunk_output(q_decayed: Tensor, aqk: Tensor, v_new: Tensor, start_states: Tensor,
+                 scale: float, T: int) -> Tensor:
+    """(c) O = scale ((q exp(G)) S_start + Aqk Vn), parallel over chunks.
+
+    q_decayed [B, H, NC, C, K]; aqk [B, H, NC, C, C]; v_new [B, H, NC, C, V];
+    start_states [B, H, NC, K, V]. Returns o [B, T, H, V] fp32 with the padding removed.
+    """
+    o = q_decayed @ start_states + aqk @ v_new
+    return scale * from_chunks(o, T)
+
+
+def chunk_delta(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor, *,
+                scale: float | None = None, initial_state: Tensor | None = None,
+                chunk_size: int = 64) -> tuple[Tensor, Tensor]:
+    """(a), (b), (c) in a row: (o [B, T, H, V] in v's dtype, final state [B, H, K, V] fp32)."""
+    T, K = q.shape[1], q.shape[-1]
+    scale = K**-0.5 if scale is None else scale
+    p = chunk_delta_prepare(q, k, v, g, beta, chunk_size)
+    v_new, starts, S = chunk_state_scan(p.w, p.u, p.k_decayed, p.decay_last, initial_state)
+    o = chunk_output(p.q_decayed, p.aqk, v_new, starts, scale, T)
+    return o.to(v.dtype), S

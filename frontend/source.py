@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
 _FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
 _PKG_ROOT = Path(__file__).resolve().parent.parent  # the folder holding models/, kernels/, ...
-_INTERNAL = ("/site-packages/torch/", "/torch/nn/", "/torch/_", "/frontend/")
+_TORCH_ROOT = Path(__import__("torch").__file__).resolve().parent.as_posix() + "/"
+_INTERNAL = (_TORCH_ROOT, Path(__file__).resolve().parent.as_posix() + "/")
 
 
 def user_frame(stack_trace: str | None) -> tuple[str, int, str] | None:
@@ -22,7 +22,7 @@ def user_frame(stack_trace: str | None) -> tuple[str, int, str] | None:
         if not m:
             continue
         path = m.group(1)
-        if any(s in path.replace(os.sep, "/") for s in _INTERNAL):
+        if Path(path).resolve().as_posix().startswith(_INTERNAL):
             continue
         code = lines[i + 1].strip() if i + 1 < len(lines) else ""
         best = (path, int(m.group(2)), code)

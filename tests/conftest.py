@@ -1,0 +1,35 @@
+"""Shared test setup: GPU-only tests (marked `gpu`) are skipped where CUDA is unavailable,
+and `zoo(name)` gives a tiny model with its captured prefill and decode graphs, captured
+once per test session (a capture takes seconds)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from zoo import CAPTURE_T, example_ids
+
+import k3c
+
+
+@pytest.fixture(scope="session")
+def zoo():
+    """name -> (model, prefill graph, decode graph), captured at B = 2, T = 16 on first use."""
+    cache: dict = {}
+
+    def get(name: str):
+        if name not in cache:
+            model = k3c.models.build(name)
+            ids = example_ids(model, 2, CAPTURE_T)
+            cache[name] = (model, k3c.capture(model, (ids,)), k3c.capture(model, (ids,), entry="decode"))
+        return cache[name]
+
+    return get
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

@@ -23,7 +23,7 @@ def naive_recurrent_kda(
     for t:  S = exp(g_t)[:, None] * S;  S += beta_t k_t (v_t - k_t^T S)^T;  o_t = scale q_t^T S
     """
     B, T, H, K = q.shape
-    V = v.shape[-1]
+    V, dtype = v.shape[-1], v.dtype
     scale = K**-0.5 if scale is None else scale
     q, k, v, g, beta = (x.float() for x in (q, k, v, g, beta))
     if initial_state is None:
@@ -38,4 +38,4 @@ def naive_recurrent_kda(
         u_t = beta[:, t, :, None] * (v[:, t] - v_old)
         S = S + torch.einsum("bhk,bhv->bhkv", k_t, u_t)
         o[:, t] = scale * torch.einsum("bhk,bhkv->bhv", q[:, t], S)
-    return o.to(v.dtype), S
+    return o.to(dtype), S

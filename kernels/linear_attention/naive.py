@@ -23,7 +23,7 @@ def naive_recurrent_linear_attention(
     family has the same signature. Returns (o, (S, z)).
     """
     B, T, H, K = q.shape
-    V = v.shape[-1]
+    V, dtype = v.shape[-1], v.dtype
     scale = K**-0.5 if scale is None else scale
     q, k, v = (x.float() for x in (q, k, v))
     if initial_state is None:
@@ -38,4 +38,4 @@ def naive_recurrent_linear_attention(
         num = torch.einsum("bhk,bhkv->bhv", q_t, S)
         den = torch.einsum("bhk,bhk->bh", q_t, z)
         o[:, t] = num / den[..., None]
-    return o.to(v.dtype), (S, z)
+    return o.to(dtype), (S, z)

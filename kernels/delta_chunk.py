@@ -80,16 +80,18 @@ def causal_mask(C: int, device: torch.device, strict: bool = False) -> Tensor:
     return torch.ones(C, C, dtype=torch.bool, device=device).tril(-1 if strict else 0)
 
 
-def channel_decay_scores_pairwise(q: Tensor, k: Tensor, G: Tensor) -> tuple[Tensor, Tensor]:
-    """The definition: x_i . (k_j * exp(G_i - G_j)) with the pairwise exponent masked to -inf
-    above the diagonal before the exp, so nothing overflows however strong the decay.
+def channel_decay_scores_pairwise(q: Tensor, k: Tensor, g: Tensor) -> tuple[Tensor, Tensor]:
+    """The definition: with G = cumsum(g), x_i . (k_j * exp(G_i - G_j)), the pairwise exponent
+    masked to -inf above the diagonal before the exp, so nothing overflows however strong the
+    decay (exp(G_i) * exp(-G_j) would).
 
-    q, k, G [..., C, K] -> (kk [..., C, C] for j < i, qk [..., C, C] for j <= i; 0 elsewhere).
-    Costs C * C * K exps; `channel_decay_scores` gives the same with about 6 * C * K.
+    q, k, g [..., C, K] -> (kk [..., C, C] for j < i, qk [..., C, C] for j <= i; 0 elsewhere).
+    Costs C * C * K exps; `channel_decay_scores` gives the same with C * K.
     """
-    C = G.shape[-2]
+    C = g.shape[-2]
+    G = g.cumsum(-2)
     diff = G[..., :, None, :] - G[..., None, :, :]  # [..., C(i), C(j), K]
-    decay = decay_exp_(diff.masked_fill(~causal_mask(C, G.device)[:, :, None], float("-inf")))
+    decay = decay_exp_(diff.masked_fill(~causal_mask(C, g.device)[:, :, None], float("-inf")))
     kj = decay * k[..., None, :, :]
     kk = (kj * k[..., :, None, :]).sum(-1).tril(-1)
     qk = (kj * q[..., :, None, :]).sum(-1).tril()
@@ -97,12 +99,13 @@ def channel_decay_scores_pairwise(q: Tensor, k: Tensor, G: Tensor) -> tuple[Tens
 
 
 def _tree_levels(C: int) -> list[int]:
-    """Half-block sizes of the binary split of a chunk: C/2, C/4, ... while the block is even."""
+    """Half-block sizes of the binary split of a chunk, smallest first: 1, 2, 4, ... C/2 for a
+    power of two (an odd factor of C stays as the leaf block size)."""
     halves, b = [], C
     while b % 2 == 0:
         b //= 2
         halves.append(b)
-    return halves
+    return halves[::-1]
 
 
 def _block_diagonal(x: Tensor, nb: int) -> Tensor:
@@ -111,47 +114,56 @@ def _block_diagonal(x: Tensor, nb: int) -> Tensor:
     return torch.diagonal(x.view(*x.shape[:-2], nb, C // nb, nb, C // nb), dim1=-4, dim2=-2)
 
 
-def channel_decay_scores(q: Tensor, k: Tensor, G: Tensor) -> tuple[Tensor, Tensor]:
-    """Same result as `channel_decay_scores_pairwise`, by a binary split of the chunk.
+def _leaf_decays(q: Tensor, k: Tensor, g: Tensor, leaf: int):
+    """Scores inside leaf blocks (pairwise) and each leaf's prefix / suffix decays."""
+    *lead, C, K = g.shape
+    nb = C // leaf
+    kk, qk = g.new_zeros(*lead, C, C), g.new_zeros(*lead, C, C)
+    if leaf == 1:  # exp(G_i - G_i) = 1: only q_i . k_i on the diagonal
+        _block_diagonal(qk, nb)[..., 0, 0, :] = (q[..., None, :] @ k[..., :, None])[..., 0, 0]
+        return kk, qk, decay_exp(g), torch.ones_like(g)
+    lkk, lqk = channel_decay_scores_pairwise(*(x.view(*lead, nb, leaf, K) for x in (q, k, g)))
+    _block_diagonal(kk, nb).copy_(lkk.movedim(-3, -1))
+    _block_diagonal(qk, nb).copy_(lqk.movedim(-3, -1))
+    G = g.view(*lead, nb, leaf, K).cumsum(-2)
+    prefix, suffix = decay_exp(G), decay_exp_(G[..., -1:, :] - G)
+    return kk, qk, prefix.view(g.shape), suffix.view(g.shape)
 
-    Split a block of 2h rows at its middle m. Rows i >= m against columns j < m factor through
-    m: exp(G_i - G_j) = exp(G_i - G_m) * exp(G_m - G_j). With g <= 0 both exponents are <= 0,
-    so neither factor overflows (unlike exp(G_i) * exp(-G_j)), and the block is one batched
-    matmul. Recursing into both halves covers every j < i with log2(C) levels of C * K exps
-    instead of C * C * K; blocks that can no longer be halved (odd sizes) fall back to the
-    pairwise definition.
+
+def channel_decay_scores(q: Tensor, k: Tensor, g: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """`channel_decay_scores_pairwise` by a binary split of the chunk, plus the decays that the
+    scan and the output need: (kk, qk, exp(G) [..., C, K], exp(G_last - G) [..., C, K]).
+
+    For a block [s, s + 2h) split at m = s + h, rows i >= m against columns j < m factor through
+    the split: exp(G_i - G_j) = exp(G_i - G_{m-1}) * exp(G_{m-1} - G_j), a prefix decay of the
+    second half times a suffix decay of the first half, both <= 1, so the block is one batched
+    matmul and nothing can overflow. Blocks double from the leaves up; each level's prefix and
+    suffix decays are the previous level's times one block total (again <= 1), so the only exps
+    are those of g itself (C * K per chunk instead of C * C * K). Odd leaf blocks (C not a power
+    of two) are done pairwise. Decays are floored at e^EXP_FLOOR like `decay_exp`.
     """
-    *lead, C, K = G.shape
+    *lead, C, K = g.shape
     n = math.prod(lead)
-    kk, qk = G.new_zeros(*lead, C, C), G.new_zeros(*lead, C, C)
-    # Work buffers shared by the levels (each level needs C * K of each).
-    expo_buf, rows_buf, cols_buf = G.new_empty(n * C * K), G.new_empty(n * C * K), G.new_empty(
-        n * C * K // 2)
     halves = _tree_levels(C)
+    kk, qk, prefix, suffix = _leaf_decays(q, k, g, C >> len(halves))
+    rows_buf, cols_buf = g.new_empty(n * C * K), g.new_empty(n * C * K // 2)
+    floor = math.exp(EXP_FLOOR)
     for h in halves:
         nb = C // (2 * h)
-        Gb = G.view(*lead, nb, 2, h, K)
-        # G - G_m, m the first row of the second half; negated on the first half: all <= 0
-        f = torch.sub(Gb, Gb[..., 1:, :1, :], out=expo_buf.view(Gb.shape))
-        f[..., 0, :, :].neg_()
-        f = decay_exp_(f)
-        rows = rows_buf.view(*lead, nb, 2, h, K)  # [k rows; q rows] of the second half
-        torch.mul(k.view(Gb.shape)[..., 1, :, :], f[..., 1, :, :], out=rows[..., 0, :, :])
-        torch.mul(q.view(Gb.shape)[..., 1, :, :], f[..., 1, :, :], out=rows[..., 1, :, :])
-        cols = torch.mul(k.view(Gb.shape)[..., 0, :, :], f[..., 0, :, :],
+        shape = (*lead, nb, 2, h, K)
+        pre, suf = prefix.view(shape), suffix.view(shape)
+        rows = rows_buf.view(shape)  # [k rows; q rows] of the second halves
+        torch.mul(k.view(shape)[..., 1, :, :], pre[..., 1, :, :], out=rows[..., 0, :, :])
+        torch.mul(q.view(shape)[..., 1, :, :], pre[..., 1, :, :], out=rows[..., 1, :, :])
+        cols = torch.mul(k.view(shape)[..., 0, :, :], suf[..., 0, :, :],
                          out=cols_buf.view(*lead, nb, h, K))
         blk = (rows.view(*lead, nb, 2 * h, K) @ cols.transpose(-1, -2)).movedim(-3, -1)
         _block_diagonal(kk, nb)[..., h:, :h, :] = blk[..., :h, :, :]
         _block_diagonal(qk, nb)[..., h:, :h, :] = blk[..., h:, :, :]
-    leaf = C >> len(halves)
-    nb = C // leaf
-    if leaf == 1:  # only the diagonal is left: exp(G_i - G_i) = 1
-        _block_diagonal(qk, nb)[..., 0, 0, :] = (q[..., None, :] @ k[..., :, None])[..., 0, 0]
-        return kk, qk
-    lkk, lqk = channel_decay_scores_pairwise(*(x.view(*lead, nb, leaf, K) for x in (q, k, G)))
-    _block_diagonal(kk, nb).copy_(lkk.movedim(-3, -1))
-    _block_diagonal(qk, nb).copy_(lqk.movedim(-3, -1))
-    return kk, qk
+        # double the blocks: first-half suffixes and second-half prefixes span the other half
+        suf[..., 0, :, :].mul_(pre[..., 1, -1:, :]).clamp_(min=floor)
+        pre[..., 1, :, :].mul_(pre[..., 0, -1:, :]).clamp_(min=floor)
+    return kk, qk, prefix, suffix
 
 
 def _row_substitution(L: Tensor) -> Tensor:
@@ -186,11 +198,8 @@ def unit_lower_inverse(L: Tensor, block: int = 8) -> Tensor:
 
 
 def _gates_per_channel(q: Tensor, k: Tensor, g: Tensor, C: int):
-    G = to_chunks(g, C).cumsum(-2)  # [B, H, NC, C, K]
-    kk, qk = channel_decay_scores(q, k, G)
-    eG = decay_exp(G)
-    G_last = G[..., -1:, :]
-    return kk, qk, q * eG, k * eG, k * decay_exp(G_last - G), decay_exp(G_last.squeeze(-2))
+    kk, qk, eG, eG_rest = channel_decay_scores(q, k, to_chunks(g, C))
+    return kk, qk, q * eG, k * eG, k * eG_rest, eG[..., -1, :]
 
 
 def _gates_per_head(q: Tensor, k: Tensor, g: Tensor, C: int):
@@ -201,7 +210,7 @@ def _gates_per_head(q: Tensor, k: Tensor, g: Tensor, C: int):
     qk = (q @ k.transpose(-1, -2) * decay).tril()
     eG = decay_exp(G)[..., None]
     G_last = G[..., -1:]
-    return kk, qk, q * eG, k * eG, k * decay_exp(G_last - G)[..., None], decay_exp(G_last)
+    return kk, qk, q * eG, k * eG, k * decay_exp_(G_last - G)[..., None], decay_exp(G_last)
 
 
 def _no_gates(q: Tensor, k: Tensor, C: int):

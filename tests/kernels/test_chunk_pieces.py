@@ -16,12 +16,15 @@ from k3c.numerics import assert_close
 @pytest.mark.parametrize("decay", [0.05, 5.0], ids=["weak", "strong"])
 def test_decay_scores_tree_equals_pairwise(C, decay):
     q, k = randn(2, 3, C, 32, seed=1), randn(2, 3, C, 32, seed=2)
-    G = (-decay * torch.rand(2, 3, C, 32, generator=torch.Generator().manual_seed(3))).cumsum(-2)
-    kk, qk = dc.channel_decay_scores(q, k, G)
-    kk_ref, qk_ref = dc.channel_decay_scores_pairwise(q, k, G)
+    g = -decay * torch.rand(2, 3, C, 32, generator=torch.Generator().manual_seed(3))
+    kk, qk, prefix, suffix = dc.channel_decay_scores(q, k, g)
+    kk_ref, qk_ref = dc.channel_decay_scores_pairwise(q, k, g)
     assert (kk.triu() == 0).all() and (qk.triu(1) == 0).all()
     assert_close(kk, kk_ref, what="kk")
     assert_close(qk, qk_ref, what="qk")
+    G = g.double().cumsum(-2)  # fp64: at G ~ -160 an fp32 cumsum is only good to 1e-5
+    assert_close(prefix, dc.decay_exp(G).float(), what="exp(G)")
+    assert_close(suffix, dc.decay_exp(G[..., -1:, :] - G).float(), what="exp(G_last - G)")
 
 
 @pytest.mark.parametrize("C", [64, 16, 12, 5], ids=lambda c: f"C{c}")

@@ -74,10 +74,9 @@ def decay_exp(x: Tensor) -> Tensor:
     return decay_exp_(x.clone())
 
 
-
-def causal_mask(C: int, device: torch.device, strict: bool = False) -> Tensor:
-    """[C, C] bool, True where column j may feed row i (j <= i, or j < i when strict)."""
-    return torch.ones(C, C, dtype=torch.bool, device=device).tril(-1 if strict else 0)
+def causal_mask(C: int, device: torch.device) -> Tensor:
+    """[C, C] bool, True where column j may feed row i (j <= i)."""
+    return torch.ones(C, C, dtype=torch.bool, device=device).tril()
 
 
 def channel_decay_scores_pairwise(q: Tensor, k: Tensor, g: Tensor) -> tuple[Tensor, Tensor]:

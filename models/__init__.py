@@ -55,11 +55,11 @@ def from_pretrained(path: str, **kwargs) -> CausalLM:
     return _load(path, **kwargs)
 
 
-def save_pretrained(model: CausalLM, path: str) -> None:
+def save_pretrained(model: CausalLM, path: str, **kwargs) -> None:
     """Write config.json and model.safetensors in the official layout."""
     from .checkpoint import save_pretrained as _save
 
-    _save(model, path)
+    _save(model, path, **kwargs)
 
 
 __all__ = ["build", "from_pretrained", "save_pretrained", "from_config", "config_for", "NAMES",

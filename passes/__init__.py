@@ -1,13 +1,27 @@
 """k3c.passes: the pass manager and one file per pass.
 
     k3c.passes.run(graph, "default")          # or a list of pass names, or "none"
+    k3c.passes.run(graph, ["constant-fold", "chunk-delta-rule{chunk_size=32}", "dce"])
+
+Passes (each a file): constant-fold, cse, dce, fuse-situ, fold-latent-moe, chunk-delta-rule.
+A new pass registers itself with `register_pass` (see passes/README.md).
 """
 
 from __future__ import annotations
 
-from ..ir import Graph, verify
+from ..ir import Graph
+from . import chunk_delta_rule, constant_fold, cse, dce, fold_latent_moe, fuse_situ  # noqa: F401  (register)
+from .builder import Builder
+from .cost import COST_AT, Cost, graph_cost
+from .manager import PASSES, PassReport, PassVerifyError, Rule, apply_rules, format_report, register_pass, rule_pass
+from .pattern import Alt, Any, Const, Match, Op, Product, Weight, maybe_cast
 
-PIPELINES: dict[str, list[str]] = {"none": [], "default": []}
+PIPELINES: dict[str, list[str]] = {
+    "none": [],
+    # fold weight-only subgraphs first (so later patterns see weights), fuse the activations
+    # before merging GEMMs (gate/up belong to gated_mlp), chunk last, then sweep.
+    "default": ["constant-fold", "cse", "fuse-situ", "fold-latent-moe", "chunk-delta-rule", "dce"],
+}
 
 
 def run(graph: Graph, pipeline: str | list[str] = "default", *, verify_each: bool = True,
@@ -15,9 +29,21 @@ def run(graph: Graph, pipeline: str | list[str] = "default", *, verify_each: boo
     """Run a pipeline (a name in PIPELINES or a list of pass names) on a copy of `graph`.
 
     stop_after: return the graph as it is after that pass; dump_after: print the IR after it;
-    report: a list that receives one entry per pass (what it changed, node count, time).
+    report: a list that receives one PassReport per pass (sites per rule, node count,
+    estimated FLOPs and bytes before/after at COST_AT, time). The input is never modified.
     """
-    names = PIPELINES[pipeline] if isinstance(pipeline, str) else list(pipeline)
-    if names:
-        raise NotImplementedError("passes land with the pass manager")
-    return verify(graph.copy()) if verify_each else graph.copy()
+    if isinstance(pipeline, str):
+        if pipeline not in PIPELINES:
+            raise ValueError(f"unknown pipeline {pipeline!r}; known: {', '.join(PIPELINES)}")
+        steps = PIPELINES[pipeline]
+    else:
+        steps = list(pipeline)
+    from .manager import run_pipeline
+
+    return run_pipeline(graph, steps, verify_each=verify_each, stop_after=stop_after, dump_after=dump_after,
+                        report=report)
+
+
+__all__ = ["run", "PIPELINES", "PASSES", "register_pass", "rule_pass", "apply_rules", "Rule", "Builder", "Match",
+           "Op", "Any", "Const", "Weight", "Alt", "Product", "maybe_cast", "PassReport", "PassVerifyError",
+           "format_report", "COST_AT", "Cost", "graph_cost"]

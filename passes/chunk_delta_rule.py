@@ -1,0 +1,84 @@
+"""chunk-delta-rule: rewrite each recurrent delta-rule op of a prefill graph into the chunked
+(WY/UT) form, the three ops of ir/ops/chunked.py:
+
+    o, S' = kda(q, k, v, g, beta, S) {scale}
+ -> q_dec, k_dec, w, u, aqk, decay = chunk_prepare(q, k, v, beta, g) {chunk_size=C, gate="channel"}
+    v_new, starts, S' = chunk_state_scan(w, u, k_dec, decay, S)       # the only serial part: T/C steps
+    o = chunk_output(q_dec, aqk, v_new, starts) {scale, T}             # fp32; a cast back to v's dtype
+
+gate="head" for gated_delta_rule, "none" for delta_rule. linear_attention has no WY
+transform (gate="linear"); its normaliser z rides along as an extra all-ones value column,
+so S and z share one scan, and o is the ratio of the two parts of the output:
+
+    v1 = concat(v, 1);  S1 = concat(S, z)  ->  o1, S1' as above  ->  o = o1[..., :V] / o1[..., V:]
+
+Padding T up to a multiple of C is inside chunk_prepare (zeros) and chunk_output (cut back
+to T), so any T works. Decode graphs (meta entry "decode", T = 1) keep the recurrent form.
+Option: chunk_size (default 64).
+"""
+
+from __future__ import annotations
+
+from ..ir import Graph
+from .builder import Builder
+from .manager import Rule, apply_rules, register_pass
+from .pattern import Match, Op
+
+GATES = {"kda": "channel", "gated_delta_rule": "head", "delta_rule": "none"}
+
+
+def _delta(chunk_size: int):
+    def rewrite(m: Match, b: Builder) -> list[str]:
+        node = m.root
+        if node.op == "delta_rule":
+            (q, k, v, beta, state), g = node.inputs, None
+        else:
+            q, k, v, g, beta, state = node.inputs
+        prep_in = [q, k, v, beta] + ([g] if g is not None else [])
+        qd, kd, w, u, aqk, decay = b.op("chunk_prepare", prep_in, name="chunk", chunk_size=chunk_size,
+                                        gate=GATES[node.op])
+        v_new, starts, state_out = b.op("chunk_state_scan", [w, u, kd, decay, state], name="chunk_scan")
+        o = b.op("chunk_output", [qd, aqk, v_new, starts], name="chunk_o", scale=node.attrs["scale"],
+                 T=b.type(q).shape[1])
+        return [b.cast(o, b.type(v).dtype), state_out]
+
+    return rewrite
+
+
+def _linear_attention(chunk_size: int):
+    def rewrite(m: Match, b: Builder) -> list[str]:
+        q, k, v, state, z = m.root.inputs
+        B, T, H, V = b.type(v).shape
+        K = b.type(q).shape[3]
+        ones = b.op("full", [], name="ones", shape=[B, T, H, 1], value=1.0, dtype="f32")
+        v1 = b.op("concat", [b.cast(v, "f32"), ones], name="v1", dim=3)
+        z1 = b.op("reshape", [z], name="z1", shape=[B, H, K, 1])
+        s1 = b.op("concat", [state, z1], name="s1", dim=3)
+        qd, kd, w, u, aqk, decay = b.op("chunk_prepare", [q, k, v1], name="chunk", chunk_size=chunk_size,
+                                        gate="linear")
+        v_new, starts, s1_out = b.op("chunk_state_scan", [w, u, kd, decay, s1], name="chunk_scan")
+        o1 = b.op("chunk_output", [qd, aqk, v_new, starts], name="chunk_o", scale=m.root.attrs["scale"], T=T)
+        num = b.op("slice", [o1], name="num", dim=3, start=0, end=V)
+        den = b.op("slice", [o1], name="den", dim=3, start=V, end=V + 1)
+        o = b.cast(b.op("div", [num, den], name="o"), b.type(v).dtype)
+        s_out = b.op("slice", [s1_out], name="s", dim=3, start=0, end=V)
+        z_out = b.op("reshape", [b.op("slice", [s1_out], name="z", dim=3, start=V, end=V + 1)], name="z",
+                     shape=[B, H, K])
+        return [o, s_out, z_out]
+
+    return rewrite
+
+
+def rules(chunk_size: int = 64) -> list[Rule]:
+    return [Rule("chunk-" + op.replace("_", "-"), Op(op, any_inputs=True), _delta(chunk_size)) for op in GATES] + \
+        [Rule("chunk-linear-attention", Op("linear_attention", any_inputs=True), _linear_attention(chunk_size))]
+
+
+@register_pass("chunk-delta-rule", chunk_size=64)
+def chunk_delta_rule(graph: Graph, chunk_size: int = 64):
+    """Recurrent kda / gated_delta_rule / delta_rule / linear_attention -> chunked form (prefill only)."""
+    if not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"chunk-delta-rule: chunk_size must be a positive int, got {chunk_size!r}")
+    if graph.meta.get("entry") == "decode":
+        return {}
+    return apply_rules(graph, rules(chunk_size))

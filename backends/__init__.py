@@ -20,9 +20,19 @@ _REGISTRY = {
 NAMES = tuple(_REGISTRY)
 
 
+_EXTRA: dict[str, type] = {}
+
+
+def register(name: str, cls: type) -> None:
+    """Make `get(name)` return `cls(**options)`: for out-of-tree backends (and tests)."""
+    _EXTRA[name] = cls
+
+
 def get(name: str, **options) -> Backend:
+    if name in _EXTRA:
+        return _EXTRA[name](**options)
     if name not in _REGISTRY:
-        raise KeyError(f"unknown backend {name!r}; known: {', '.join(_REGISTRY)}")
+        raise KeyError(f"unknown backend {name!r}; known: {', '.join(list(_REGISTRY) + list(_EXTRA))}")
     module, attr = _REGISTRY[name].split(":")
     try:
         cls = getattr(importlib.import_module(module), attr)
@@ -31,4 +41,4 @@ def get(name: str, **options) -> Backend:
     return cls(**options)
 
 
-__all__ = ["get", "NAMES", "Backend", "Runner", "UnsupportedNodeError", "check_supported"]
+__all__ = ["get", "register", "NAMES", "Backend", "Runner", "UnsupportedNodeError", "check_supported"]

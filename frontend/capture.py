@@ -92,6 +92,29 @@ def _dynamic_spec(model, entry: str, args: tuple, dynamic: bool):
     return tuple(specs)
 
 
+def _flat_spec(spec) -> list:
+    """The per-tensor {axis: Dim} dicts of a dynamic_shapes spec, in argument order."""
+    return pytree.tree_flatten(spec, is_leaf=lambda x: isinstance(x, dict) and all(isinstance(k, int) for k in x))[0]
+
+
+def _widen_examples(args: tuple, spec) -> tuple:
+    """torch.export specialises a dim whose example size is 0 or 1: repeat such examples to 2."""
+    if spec is None:
+        return args
+    flat_args, tree = pytree.tree_flatten(args)
+    flat_spec = _flat_spec(spec)
+    out = []
+    for a, dims in zip(flat_args, flat_spec):
+        if isinstance(a, torch.Tensor) and isinstance(dims, dict):
+            for axis in dims:
+                if a.shape[axis] < 2:
+                    reps = [1] * a.dim()
+                    reps[axis] = 2 if a.shape[axis] == 1 else 0
+                    a = a.repeat(*reps) if a.shape[axis] == 1 else a
+        out.append(a)
+    return pytree.tree_unflatten(out, tree)
+
+
 def _meta_growing(state) -> dict[str, set[int]]:
     """On the meta device nothing runs: caches are the state entries with 3+ dims named by
     their layer kind (`ckv`, `krope`, `k`, `v`), growing along dim 1."""
@@ -116,12 +139,15 @@ def capture(model: torch.nn.Module, example_inputs: tuple, dynamic: bool = True,
         raise ValueError(f"entry must be 'prefill', 'decode' or 'forward', got {entry!r}")
     if entry != "forward" and not is_lm:
         raise ValueError(f"entry {entry!r} needs a model with prefill/decode (a k3c.models model)")
-    args = example_inputs
+    # fresh contiguous copies: a view's strides would tie its dims to the base tensor's
+    args = pytree.tree_map(lambda t: t.clone(memory_format=torch.contiguous_format)
+                           if isinstance(t, torch.Tensor) else t, example_inputs)
     if entry == "decode" and len(args) == 1:
         ids = args[0][:, :1]
         args = (ids, _example_decode_state(model, ids) if not ids.is_meta else _meta_state(model, ids))
     wrapper = _Entry(model, entry) if is_lm else model
     spec = dynamic_shapes if dynamic_shapes is not None else _dynamic_spec(model, entry, args, dynamic)
+    args = _widen_examples(args, spec)
     t0 = time.perf_counter()
     try:
         ep = torch.export.export(wrapper, args, dynamic_shapes=spec, strict=False)
@@ -165,8 +191,7 @@ def _symbol_names(ep, spec, args) -> dict[sympy.Symbol, str]:
     names: dict[sympy.Symbol, str] = {}
     user = [n for n in ep.graph.nodes if n.op == "placeholder"
             and n.name in {s.arg.name for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT"}]
-    flat_spec = pytree.tree_flatten(spec, is_leaf=lambda x: isinstance(x, dict) and all(
-        isinstance(k, int) for k in x))[0] if spec is not None else []
+    flat_spec = _flat_spec(spec) if spec is not None else []
     for node, dims in zip(user, flat_spec):
         if not isinstance(dims, dict):
             continue

@@ -36,10 +36,13 @@ def _capture_for_cli(args: argparse.Namespace):
 
     model = models.build(args.model)
     graph = capture(model, (_example_ids(model),), entry=args.entry)
-    if args.after:
-        graph = passes.run(graph, args.pipeline, stop_after=args.after)
-    elif args.pipeline != "none":
-        graph = passes.run(graph, args.pipeline)
+    pipeline = "default" if (args.after or args.dump_after) and args.pipeline == "none" else args.pipeline
+    if pipeline != "none":
+        report = [] if args.report else None
+        graph = passes.run(graph, pipeline, stop_after=args.after, dump_after=args.dump_after,
+                           verify_each=args.verify, report=report)
+        if report is not None:
+            print(passes.format_report(report), file=sys.stderr)
     return graph
 
 
@@ -50,15 +53,79 @@ def _cmd_show(args: argparse.Namespace) -> int:
 
         write_dot(graph, args.dot)
         print(f"wrote {args.dot}", file=sys.stderr)
-    else:
+    elif not args.dump_after:  # the dump already printed the IR asked for
         print(graph, end="")
     return 0
+
+
+def _backend_list(text: str) -> list[str]:
+    from .backends import NAMES
+
+    names = list(NAMES) if text == "all" else [b.strip() for b in text.split(",") if b.strip()]
+    unknown = [b for b in names if b not in NAMES]
+    if unknown:
+        raise UserError(f"unknown backend(s) {unknown}; known: {', '.join(NAMES)} or all")
+    return names
+
+
+def _cmd_diff(args: argparse.Namespace) -> int:
+    from . import models
+    from .diff import diff, write_json
+
+    model = models.build(args.model)
+    report = diff(model, _backend_list(args.backends), seq_len=args.seq_len, batch=args.batch,
+                  decode_steps=args.decode_steps, passes=args.pipeline, out_root=args.out,
+                  bisect=not args.no_bisect, progress=lambda m: print(m, file=sys.stderr))
+    print(report.table(per_tensor=args.verbose))
+    if args.json:
+        write_json(report, args.json)
+    return 0 if report.ok else 1
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from . import models
+    from .bench import bench, plot, write_json
+
+    model = models.build(args.model)
+    report = bench(model, _backend_list(args.backends), seq_len=args.seq_len, decode_steps=args.decode_steps,
+                   batch=args.batch, warmup=args.warmup, repeats=args.repeats,
+                   torch_compile=not args.no_torch_compile, passes=args.pipeline, out_root=args.out)
+    m = report.machine
+    print(f"{report.model} on {m['processor']} ({m['cpus']} CPUs, torch {m['torch']}, {m['torch_threads']} threads)")
+    print(report.table())
+    if args.json:
+        write_json(report, args.json)
+    if args.plot:
+        plot(report, args.plot)
+        print(f"wrote {args.plot}", file=sys.stderr)
+    return 0
+
+
+def _cmd_compile_all(args: argparse.Namespace) -> int:
+    """Compile to every backend, check each against eager, print one summary table."""
+    from . import models
+    from .diff import diff, format_table
+
+    model = models.build(args.model)
+    names = _backend_list(args.backend)
+    report = diff(model, names, seq_len=args.seq_len, decode_steps=4, passes=args.pipeline,
+                  out_root=args.out, progress=lambda m: print(m, file=sys.stderr))
+    rows = [("backend", "artifact", "compile s", "max_abs_err", "rel_rms_err", "ok", "prefill vs eager")]
+    for b in report.backends.values():
+        speed = f"{report.eager_prefill_seconds / b.prefill_seconds:.2f}x" if b.prefill_seconds else "-"
+        rows.append((b.backend, b.artifact, f"{b.compile_seconds:.1f}", f"{b.max_abs_err:.1e}",
+                     f"{b.rel_rms_err:.1e}", "yes" if b.ok else "NO" + (f" ({b.error})" if b.error else ""), speed))
+    print(f"{report.model}: prefill T={args.seq_len}, B=2, 4 decode steps, each backend against eager PyTorch")
+    print(format_table(rows))
+    return 0 if report.ok else 1
 
 
 def _cmd_compile(args: argparse.Namespace) -> int:
     from . import compile as k3c_compile
     from . import models
 
+    if args.backend == "all" or "," in args.backend:
+        return _cmd_compile_all(args)
     model = models.build(args.model)
     options = {}
     if args.flavour:
@@ -66,7 +133,8 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     if args.target:
         options["target"] = args.target
     compiled = k3c_compile(model, args.backend, (_example_ids(model),), out_dir=args.out,
-                           passes=args.pipeline, verbose=True, **options)
+                           passes=args.pipeline, verbose=True,
+                           pass_options={"verify_each": args.verify, "dump_after": args.dump_after}, **options)
     print(compiled.out_dir)
     return 0
 
@@ -87,6 +155,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--pipeline", default="none", help="pass pipeline to run first (default: none)")
     s.add_argument("--after", help="stop after this pass of --pipeline (default pipeline if none given)")
     s.add_argument("--dot", help="write Graphviz to this file instead of printing the IR")
+    s.add_argument("--dump-after", metavar="PASS", help="print the IR after this pass (instead of the final IR)")
+    s.add_argument("--verify", action="store_true", help="run the verifier after every pass")
+    s.add_argument("--report", action="store_true", help="print what each pass changed to stderr")
     s.set_defaults(func=_cmd_show)
 
     s = sub.add_parser("compile", help="compile a model to a backend and write the artifact")
@@ -96,15 +167,55 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--pipeline", default="default", help="pass pipeline (default: default)")
     s.add_argument("--flavour", choices=["portable", "ort"], help="onnx: custom-op flavour")
     s.add_argument("--target", help="tvm: llvm or cuda")
+    s.add_argument("--dump-after", metavar="PASS", help="print the IR of each entry after this pass")
+    s.add_argument("--verify", action="store_true", help="run the verifier after every pass")
+    s.add_argument("--seq-len", type=int, default=130, help="with --backend all: prefill length of the check")
     s.set_defaults(func=_cmd_compile)
+
+    s = sub.add_parser("diff", help="run eager and backends on the same inputs; exit 1 when one is off")
+    s.add_argument("--model", required=True)
+    s.add_argument("--backends", required=True, help="comma-separated backend names, or all")
+    s.add_argument("--json", help="write the report as JSON to this file")
+    s.add_argument("--seq-len", type=int, default=130)
+    s.add_argument("--batch", type=int, default=2)
+    s.add_argument("--decode-steps", type=int, default=8)
+    s.add_argument("--pipeline", default="default")
+    s.add_argument("--out", help="folder for the artifacts (default: temporary)")
+    s.add_argument("--no-bisect", action="store_true", help="do not look for the first differing node")
+    s.add_argument("-v", "--verbose", action="store_true", help="one row per output and state tensor")
+    s.set_defaults(func=_cmd_diff)
+
+    s = sub.add_parser("bench", help="time prefill and decode: eager, torch.compile and backends")
+    s.add_argument("--model", required=True)
+    s.add_argument("--backends", required=True, help="comma-separated backend names, or all")
+    s.add_argument("--json", help="write the report as JSON to this file")
+    s.add_argument("--plot", help="write a PNG plot of the speedups to this file")
+    s.add_argument("--seq-len", type=int, default=1024)
+    s.add_argument("--decode-steps", type=int, default=64)
+    s.add_argument("--batch", type=int, default=1)
+    s.add_argument("--warmup", type=int, default=1)
+    s.add_argument("--repeats", type=int, default=3)
+    s.add_argument("--no-torch-compile", action="store_true", help="skip the torch.compile baseline")
+    s.add_argument("--pipeline", default="default")
+    s.add_argument("--out", help="folder for the artifacts (default: temporary)")
+    s.set_defaults(func=_cmd_bench)
     return p
+
+
+def _k3c_errors() -> tuple[type, ...]:
+    """k3c's own error types: what they say is meant for the user, without a traceback."""
+    from .backends.base import UnsupportedNodeError
+    from .frontend.translate import CaptureError
+    from .ir import InputError, ParseError, VerifyError
+
+    return (CaptureError, UnsupportedNodeError, VerifyError, ParseError, InputError)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (UserError, KeyError, ValueError, TypeError, FileNotFoundError) as e:
+    except (UserError, KeyError, ValueError, TypeError, FileNotFoundError, ImportError, *_k3c_errors()) as e:
         if args.debug:
             raise
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e

@@ -81,7 +81,7 @@ def _(q, k, v, state, z, scale):
 @torch.library.custom_op("k3c::short_conv", mutates_args=())
 def short_conv(x: Tensor, weight: Tensor, state: Tensor, activation: str) -> tuple[Tensor, Tensor]:
     y, s = naive_short_conv(x, weight, state, None if activation == "none" else activation)
-    return y, s.to(state.dtype)
+    return y.contiguous(), s.to(state.dtype)
 
 
 @short_conv.register_fake

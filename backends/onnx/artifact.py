@@ -1,0 +1,118 @@
+"""Writing an ONNX artifact: `DIR/{entry}.onnx`, one shared `DIR/weights.bin` of external
+data, and `DIR/manifest.json` (inputs/outputs with names, dtypes and symbolic shapes, the
+state names, flavour, pipeline, model name/config, k3c version).
+
+    write_artifact(out_dir, {"prefill": model, "decode": model}, manifest)
+    read_manifest(out_dir) -> dict
+
+Weights read by both graphs are stored once; every tensor of 1 KiB or more is external.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto
+from onnx.external_data_helper import set_external_data
+
+from ...ir import Graph
+from .builder import NUMPY_TYPES, OPSET
+from .lower import PRESENT
+
+WEIGHTS = "weights.bin"
+MANIFEST = "manifest.json"
+FORMAT = "k3c-onnx"
+EXTERNAL_MIN_BYTES = 1024
+
+DTYPE_NAMES = {k: np.dtype(v).name for k, v in NUMPY_TYPES.items()} | {"bf16": "bfloat16"}
+
+
+def _align(offset: int, size: int) -> int:
+    a = 4096 if size >= 1 << 20 else 64
+    return -(-offset // a) * a
+
+
+def write_weights(models: dict[str, onnx.ModelProto], out_dir: Path) -> int:
+    """Move every large initializer of `models` into one shared file; returns its size."""
+    placed: dict[tuple[str, str], tuple[int, int]] = {}
+    with open(out_dir / WEIGHTS, "wb") as f:
+        for model in models.values():
+            for t in model.graph.initializer:
+                if len(t.raw_data) < EXTERNAL_MIN_BYTES:
+                    continue
+                key = (t.name, hashlib.sha1(t.raw_data).hexdigest())
+                if key not in placed:
+                    offset = _align(f.tell(), len(t.raw_data))
+                    f.seek(offset)
+                    f.write(t.raw_data)
+                    placed[key] = (offset, len(t.raw_data))
+                offset, length = placed[key]
+                set_external_data(t, WEIGHTS, offset, length)
+                t.ClearField("raw_data")
+                t.data_location = TensorProto.EXTERNAL
+        return f.tell()
+
+
+def _shape(t) -> list:
+    from ...ir import dims as D
+
+    return [d if isinstance(d, int) else D.to_str(d) for d in t.shape]
+
+
+def describe_entry(graph: Graph, file: str, state: set[str]) -> dict:
+    """The manifest entry of one graph: its file, inputs and outputs in order."""
+    inputs = set(graph.inputs)
+
+    def io(name: str, onnx_name: str, value: str) -> dict:
+        t = graph.types[value]
+        d = {"name": onnx_name, "dtype": DTYPE_NAMES[t.dtype], "shape": _shape(t)}
+        if name in state:
+            d["state"] = name
+        return d
+
+    outs = [io(k, PRESENT + k if k in inputs else k, v) for k, v in graph.outputs]
+    return {"file": file, "inputs": [io(i, i, i) for i in graph.inputs], "outputs": outs}
+
+
+def build_manifest(graphs: dict[str, Graph], flavour: str, reports: dict, *, model: str | None,
+                   config: dict | None, pipeline, chunk_size) -> dict:
+    from ... import __version__
+
+    state = set(graphs["decode"].inputs[1:]) if "decode" in graphs else set()
+    dims: dict[str, list] = {}
+    for g in graphs.values():
+        for n, (lo, hi) in g.dims.items():
+            dims.setdefault(n, [lo, hi])
+    order = graphs["decode"].inputs[1:] if "decode" in graphs else []
+    return {
+        "format": FORMAT, "format_version": 1, "k3c_version": __version__,
+        "model": model, "config": config, "pipeline": pipeline, "flavour": flavour, "opset": OPSET,
+        "chunk_size": chunk_size, "weights": WEIGHTS, "dims": dims, "state": list(order),
+        "entries": {e: describe_entry(g, f"{e}.onnx", state) for e, g in graphs.items()},
+        "lowering": {e: {f"{op} -> {target}": n for (op, target), n in sorted(r.items())}
+                     for e, r in reports.items()},
+    }
+
+
+def write_artifact(out_dir: Path, models: dict[str, onnx.ModelProto], manifest: dict) -> Path:
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_weights(models, out_dir)
+    for entry, model in models.items():
+        onnx.save_model(model, str(out_dir / f"{entry}.onnx"))
+    (out_dir / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+    return out_dir
+
+
+def read_manifest(out_dir: str | Path) -> dict:
+    path = Path(out_dir) / MANIFEST
+    if not path.exists():
+        raise FileNotFoundError(f"{out_dir} is not a k3c ONNX artifact: no {MANIFEST}")
+    manifest = json.loads(path.read_text())
+    if manifest.get("format") != FORMAT:
+        raise ValueError(f"{path}: not a k3c ONNX manifest (format {manifest.get('format')!r})")
+    return manifest

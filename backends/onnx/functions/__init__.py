@@ -1,0 +1,72 @@
+"""The k3c-domain ops of an ONNX artifact and their bodies (FunctionProto of standard ops).
+
+Every body is a Python function `body(b, *inputs, **attrs) -> outputs` over a `Builder`;
+attributes arrive as `Ref`s inside a FunctionProto (the caller's node sets them) or as
+plain numbers when a body is inlined elsewhere (`b.param` takes either). The bodies use
+standard ops only, so a model that ships them runs on any conforming ONNX runtime.
+
+    FUNCTIONS["kda"]              the registered definition (inputs, outputs, attributes)
+    function_proto("kda")         its FunctionProto, shipped inside the model
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import onnx
+from onnx import AttributeProto
+from onnx import helper as oh
+
+from ..builder import DOMAIN, OPSET, Builder, Ref
+
+
+@dataclass(frozen=True)
+class FunctionDef:
+    name: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    attrs: dict[str, str]  # attribute name -> "float" | "int"
+    body: Callable
+    doc: str
+
+
+FUNCTIONS: dict[str, FunctionDef] = {}
+
+
+def function(name: str, inputs: str, outputs: str, attrs: dict[str, str] | None = None, doc: str = ""):
+    """Register `body` as the k3c-domain op `name` (inputs/outputs: space-separated names)."""
+
+    def register(body: Callable) -> Callable:
+        if name in FUNCTIONS:
+            raise ValueError(f"k3c function {name!r} registered twice")
+        FUNCTIONS[name] = FunctionDef(name, tuple(inputs.split()), tuple(outputs.split()), dict(attrs or {}),
+                                      body, doc or (body.__doc__ or "").strip().splitlines()[0])
+        return body
+
+    return register
+
+
+def function_proto(name: str) -> onnx.FunctionProto:
+    """The FunctionProto of op `name`: its body with attribute references to the caller's node."""
+    fd = FUNCTIONS[name]
+    b = Builder(name)
+    refs = {a: Ref(a, AttributeProto.FLOAT if kind == "float" else AttributeProto.INT)
+            for a, kind in fd.attrs.items()}
+    outs = fd.body(b, *fd.inputs, **refs)
+    outs = [outs] if isinstance(outs, str) else list(outs)
+    for formal, value in zip(fd.outputs, outs):
+        b.Identity(value, outputs=[formal])
+    return oh.make_function(DOMAIN, name, list(fd.inputs), list(fd.outputs), b.nodes,
+                            [oh.make_opsetid("", OPSET)], list(fd.attrs), doc_string=fd.doc)
+
+
+def inline(b: Builder, name: str, inputs: list[str], **attrs) -> list[str]:
+    """Emit op `name`'s body straight into `b` (attrs as numbers or Refs); returns its outputs."""
+    outs = FUNCTIONS[name].body(b, *inputs, **attrs)
+    return [outs] if isinstance(outs, str) else list(outs)
+
+
+from . import attention, chunked, conv, mlp, recurrent  # noqa: E402,F401  (register the bodies)
+
+__all__ = ["FUNCTIONS", "FunctionDef", "function", "function_proto", "inline"]

@@ -1,0 +1,292 @@
+"""The `ort` flavour: IR ops mapped onto onnxruntime's own kernels where their semantics
+match k3c's exactly; every other op keeps its portable lowering (README.md has the table).
+
+    ORT["kda"].applies(lx, node) -> (ok, reason)      ORT["kda"].emit(lx, node)
+
+A mapping that cannot express a node (symbolic head sizes, SiTU experts, ...) says why
+and the node falls back to its function body; nothing is approximated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import sympy
+import torch
+
+from ...ir import Node
+from ...ir import dims as D
+from .builder import MS_DOMAIN, Builder, subgraph
+from .functions.attention import absorbed_query, mla_keys_values
+from .functions.mlp import moe_experts
+from .standard import ones_like_last
+
+
+@dataclass(frozen=True)
+class Mapping:
+    target: str  # "domain::op" it becomes
+    applies: Callable[..., tuple[bool, str]]
+    emit: Callable[..., None]
+    note: str = ""
+
+
+ORT: dict[str, Mapping] = {}
+
+
+def _static(*dims) -> bool:
+    return all(not isinstance(d, sympy.Basic) for d in dims)
+
+
+def _f32(lx, node: Node) -> bool:
+    return all(lx.type(i).dtype in ("f32", "i64") for i in node.inputs)
+
+
+def _io(lx, node: Node):
+    return [lx.x(i) for i in node.inputs], [lx.out(node, i) for i in range(len(node.outputs))]
+
+
+def _packed(b: Builder, x: str, width: int) -> str:
+    """[B, T, H, D] -> [B, T, H * D] (a view)."""
+    return b.Reshape(x, b.ints([0, 0, width]))
+
+
+# ---- the delta family -> com.microsoft::LinearAttention ------------------------------------
+
+_RULES = {"kda": "gated_delta", "gated_delta_rule": "gated_delta", "delta_rule": "delta",
+          "linear_attention": "linear"}
+
+
+def _la_applies(lx, node):
+    _, _, H, K = lx.type(node.inputs[0]).shape
+    V = lx.type(node.inputs[2]).shape[3]
+    if not _static(H, K, V):
+        return False, "LinearAttention needs static head count and sizes"
+    if not _f32(lx, node):
+        return False, "f32 only"
+    return True, ""
+
+
+def _la_emit(lx, node):
+    b = lx.b
+    ins, outs = _io(lx, node)
+    _, _, H, K = lx.type(node.inputs[0]).shape
+    V = lx.type(node.inputs[2]).shape[3]
+    rule = _RULES[node.op]
+    q, k = _packed(b, ins[0], H * K), _packed(b, ins[1], H * K)
+    common = dict(domain=MS_DOMAIN, q_num_heads=H, kv_num_heads=H, update_rule=rule, scale=float(node.attrs["scale"]))
+    if node.op == "linear_attention":
+        # the normaliser z rides as an all-ones value column: [S | z] is one state
+        v, state, z = ins[2], ins[3], ins[4]
+        ones = b.Expand(b.const(1.0), b.Concat(b.Shape(v, end=3), b.ints([1]), axis=0))
+        v1 = _packed(b, b.Concat(v, ones, axis=-1), H * (V + 1))
+        S1 = b.Concat(state, b.unsqueeze(z, -1), axis=-1)
+        o1, S1_out = b.op("LinearAttention", [q, k, v1, S1], 2, **common)
+        o1 = b.Reshape(o1, b.ints([0, 0, H, V + 1]))
+        b.Div(b.Slice(o1, b.ints([0]), b.ints([V]), b.ints([-1])), b.Slice(o1, b.ints([V]), b.ints([V + 1]),
+                                                                           b.ints([-1])), outputs=[outs[0]])
+        b.Slice(S1_out, b.ints([0]), b.ints([V]), b.ints([-1]), outputs=[outs[1]])
+        b.Squeeze(b.Slice(S1_out, b.ints([V]), b.ints([V + 1]), b.ints([-1])), b.ints([-1]), outputs=[outs[2]])
+        return
+    v = _packed(b, ins[2], H * V)
+    if node.op == "kda":
+        decay, beta, state = _packed(b, ins[3], H * K), ins[4], ins[5]
+    elif node.op == "gated_delta_rule":
+        decay, beta, state = ins[3], ins[4], ins[5]
+    else:
+        decay, beta, state = None, ins[3], ins[4]
+    o, _ = b.op("LinearAttention", [q, k, v, state, decay, beta], [b.fresh("o"), outs[1]], **common)
+    b.Reshape(o, b.ints([0, 0, H, V]), outputs=[outs[0]])
+
+
+for _op in _RULES:
+    ORT[_op] = Mapping("com.microsoft::LinearAttention", _la_applies, _la_emit,
+                       f"update_rule={_RULES[_op]!r}" + (", z as a ones column" if _op == "linear_attention" else ""))
+
+
+# ---- short_conv -> com.microsoft::CausalConvWithState --------------------------------------
+
+def _conv_applies(lx, node):
+    if not _f32(lx, node):
+        return False, "f32 only"
+    return True, ""
+
+
+def _conv_emit(lx, node):
+    b = lx.b
+    (x, w, state), (y, state_out) = _io(lx, node)
+    weight = b.unsqueeze(w, 1)  # [C, 1, W]: constant-folded when w is (a view of) a weight
+    past = b.Transpose(state, perm=[0, 2, 1])  # channels-last state [B, W-1, C]
+    act = "silu" if node.attrs.get("activation") == "silu" else "none"
+    out, present = b.op("CausalConvWithState", [x, weight, None, past], [y, b.fresh("present")], domain=MS_DOMAIN,
+                        activation=act, channels_last=1)
+    b.Transpose(present, outputs=[state_out], perm=[0, 2, 1])
+
+
+ORT["short_conv"] = Mapping("com.microsoft::CausalConvWithState", _conv_applies, _conv_emit,
+                            "channels_last=1, the state transposed in and out")
+
+
+# ---- rms_norm -> RMSNormalization ----------------------------------------------------------
+
+def _rms_applies(lx, node):
+    if lx.type(node.inputs[0]).dtype not in ("f32", "f16", "bf16", "f64"):
+        return False, "float inputs only"
+    return True, ""
+
+
+def _rms_emit(lx, node):
+    ins, (y,) = _io(lx, node)
+    scale = ins[1] if len(ins) > 1 else ones_like_last(lx, node.inputs[0])
+    lx.b.op("RMSNormalization", [ins[0], scale], [y], axis=-1, epsilon=float(node.attrs["eps"]), stash_type=1)
+
+
+ORT["rms_norm"] = Mapping("ai.onnx::RMSNormalization", _rms_applies, _rms_emit, "stash_type=1 (fp32)")
+
+
+# ---- attention -> Attention (opset 23) -----------------------------------------------------
+
+def _mask(lx, T, S, q: str, k: str, seq_axis: int) -> tuple[str | None, int]:
+    """(attn_mask, is_causal) for k3c's bottom-right causal mask with T queries and S keys."""
+    if D.equal(T, S):
+        return None, 1
+    if _static(T) and int(T) == 1:
+        return None, 0  # one query sees every key
+    b = lx.b
+    Tn, Sn = b.shape_of(q, seq_axis), b.shape_of(k, seq_axis)
+    zero, one = b.const(0, "i64"), b.const(1, "i64")
+    t = b.unsqueeze(b.Range(zero, b.squeeze(Tn, 0), one), 1)
+    s = b.unsqueeze(b.Range(zero, b.squeeze(Sn, 0), one), 0)
+    return b.Not(b.Greater(s, b.Add(t, b.Sub(Sn, Tn)))), 0
+
+
+def _attn_applies(lx, node):
+    q, k, v = (lx.type(i) for i in node.inputs[:3])
+    if not _static(q.shape[2], q.shape[3], k.shape[2], v.shape[3]):
+        return False, "Attention needs static head count and sizes"
+    if not _f32(lx, node):
+        return False, "f32 only"
+    return True, ""
+
+
+def _attention(lx, q: str, k: str, v: str, T, S, H: int, Dv: int, scale: float, out: str) -> None:
+    """Attention on packed [B, T, H*D] / [B, S, H*D] / [B, S, H*Dv]; out [B, T, H, Dv]."""
+    b = lx.b
+    mask, causal = _mask(lx, T, S, q, k, 1)
+    y = b.op("Attention", [q, k, v, mask], 1, q_num_heads=H, kv_num_heads=H, scale=scale, is_causal=causal)
+    b.Reshape(y, b.ints([0, 0, H, Dv]), outputs=[out])
+
+
+def _causal_emit(lx, node):
+    (q, k, v), (o,) = _io(lx, node)
+    qt, kt, vt = (lx.type(i) for i in node.inputs)
+    _, T, H, Dq = qt.shape
+    S, Dv = kt.shape[1], vt.shape[3]
+    b = lx.b
+    _attention(lx, _packed(b, q, H * Dq), _packed(b, k, H * Dq), _packed(b, v, H * Dv), T, S, H, Dv,
+               float(node.attrs["scale"]), o)
+
+
+ORT["causal_attention"] = Mapping("ai.onnx::Attention", _attn_applies, _causal_emit, "3-D packed heads")
+
+
+def _mla_applies(lx, node):
+    q, ckv, krope = (lx.type(i) for i in node.inputs[:3])
+    if not _static(q.shape[2], q.shape[3], krope.shape[2], ckv.shape[2]):
+        return False, "Attention needs static head count and sizes"
+    if not _f32(lx, node):
+        return False, "f32 only"
+    return True, ""
+
+
+def _mla_emit(lx, node):
+    (q, ckv, krope, w), (o,) = _io(lx, node)
+    qt, ct = lx.type(node.inputs[0]), lx.type(node.inputs[1])
+    _, T, H, Dq = qt.shape
+    Dv = int(node.attrs["v_head_dim"])
+    b = lx.b
+    k, v = mla_keys_values(b, q, ckv, krope, w)
+    _attention(lx, _packed(b, q, H * Dq), _packed(b, k, H * Dq), _packed(b, v, H * Dv), T, ct.shape[1], H, Dv,
+               float(node.attrs["scale"]), o)
+
+
+ORT["mla_attention"] = Mapping("ai.onnx::Attention", _mla_applies, _mla_emit, "keys/values up-projected first")
+
+
+def _absorbed_emit(lx, node):
+    (q, ckv, krope, w_uk, w_uv), (o,) = _io(lx, node)
+    T, S = lx.type(node.inputs[0]).shape[1], lx.type(node.inputs[1]).shape[1]
+    b = lx.b
+    q_abs = absorbed_query(b, q, krope, w_uk)  # [B, H, T, Dc + Dr]
+    k_abs = b.unsqueeze(b.Concat(ckv, krope, axis=-1), 1)  # [B, 1, S, Dc + Dr]: one KV head
+    mask, causal = _mask(lx, T, S, q_abs, k_abs, 2)
+    o_lat = b.op("Attention", [q_abs, k_abs, b.unsqueeze(ckv, 1), mask], 1, scale=float(node.attrs["scale"]),
+                 is_causal=causal)
+    b.Transpose(b.MatMul(o_lat, b.Transpose(w_uv, perm=[0, 2, 1])), outputs=[o], perm=[0, 2, 1, 3])
+
+
+ORT["mla_attention_absorbed"] = Mapping("ai.onnx::Attention", _mla_applies, _absorbed_emit,
+                                        "one KV head (MQA), 4-D")
+
+
+# ---- routed experts -> com.microsoft::MoE --------------------------------------------------
+
+def _moe_applies(lx, node):
+    if node.attrs.get("act") != "silu":
+        return False, "onnxruntime's MoE has no SiTU activation"
+    h, w13, w2 = (lx.type(i) for i in node.inputs[:3])
+    if node.inputs[1] not in lx.graph.weights or node.inputs[2] not in lx.graph.weights:
+        return False, "MoE needs the expert weights as initializers (they are re-laid out)"
+    if not D.equal(w2.shape[1], h.shape[1]):
+        return False, "MoE's output width must equal its input width"
+    if not _f32(lx, node):
+        return False, "f32 only"
+    return True, ""
+
+
+def _interleave(w13: torch.Tensor) -> torch.Tensor:
+    """[E, 2I, D] gate rows then up rows -> rows interleaved g0, u0, g1, u1 (swiglu_fusion=1)."""
+    E, I2, Dm = w13.shape
+    return torch.stack([w13[:, : I2 // 2], w13[:, I2 // 2:]], 2).reshape(E, I2, Dm)
+
+
+def _moe_emit(lx, node):
+    """y = s * MoE(h, log(w) at the routed experts): ORT's MoE takes a softmax of router logits
+    over the top k, which gives w / s with s = sum_j w_j; scaling by s restores w exactly.
+    w < 0 cannot be a logit: such inputs take the function body (an If on min(w) >= 0)."""
+    (h, w13, w2, idx, w), (y,) = _io(lx, node)
+    b = lx.b
+    k = lx.type(node.inputs[3]).shape[1]
+    E = lx.type(node.inputs[1]).shape[0]
+    fc1 = lx.weight_as(node.inputs[1], "swiglu", _interleave)
+    s = b.ReduceSum(w, b.ints([-1]), keepdims=1)  # [N, 1]
+
+    mo = Builder("moe_ort")
+    logits = mo.Where(mo.Greater(w, mo.const(0.0)), mo.Log(w), mo.const(-1e30))
+    sentinel = mo.Expand(mo.const(float("-inf")), mo.Concat(mo.Shape(idx, end=1), mo.ints([E]), axis=0))
+    probs = mo.ScatterElements(sentinel, idx, logits, axis=1)
+    routed = mo.op("MoE", [h, probs, fc1, None, w2], 1, domain=MS_DOMAIN, k=int(k), activation_type="swiglu",
+                   swiglu_fusion=1, activation_alpha=1.0, activation_beta=0.0, normalize_routing_weights=1)
+    kernel = mo.Mul(routed, s)
+    fb = Builder("moe_body")
+    body = moe_experts(fb, h, w13, w2, idx, w, "silu")
+    nonneg = b.squeeze(b.Not(b.Less(b.ReduceMin(w, keepdims=1), b.const(0.0))), 0, 1)
+    b.op("If", [nonneg], [y], then_branch=subgraph(mo, "ort_moe", [], [(kernel, "f32", 2)]),
+         else_branch=subgraph(fb, "moe_body", [], [(body, "f32", 2)]))
+    lx.b.domains.add(MS_DOMAIN)
+
+
+ORT["moe_experts"] = Mapping("com.microsoft::MoE", _moe_applies, _moe_emit,
+                             "silu experts: router logits log(w), output rescaled by sum(w)")
+
+# Ops with no onnxruntime kernel of the same semantics keep their function bodies (README.md).
+NO_KERNEL = {
+    "situ": "no onnxruntime kernel computes SiTU",
+    "gated_mlp": "no onnxruntime kernel fuses a GEMM with SiTU or SiLU-GLU",
+    "moe_gate_up": "onnxruntime's MoE runs whole experts, not the gate/up half",
+    "moe_down": "onnxruntime's MoE runs whole experts, not the down half",
+    "attn_res_mix": "no onnxruntime kernel for the AttnRes depth softmax",
+    "chunk_prepare": "the chunk pieces have no onnxruntime kernels (LinearAttention takes the whole op)",
+    "chunk_state_scan": "the chunk pieces have no onnxruntime kernels",
+    "chunk_output": "the chunk pieces have no onnxruntime kernels",
+}

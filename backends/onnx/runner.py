@@ -1,0 +1,92 @@
+"""Running an ONNX artifact with onnxruntime: `OnnxRunner(out_dir).run("decode", ids, *state)`.
+
+Inputs are checked against the manifest before onnxruntime sees them, so a wrong state
+shape is an `InputError` naming the input and the shape it expects, not a runtime crash.
+The CUDA provider is used when onnxruntime has it, else the CPU provider.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import sympy
+import torch
+
+from ...ir import Graph, InputError
+from .artifact import read_manifest
+
+
+def default_providers() -> list[str]:
+    import onnxruntime as ort
+
+    available = ort.get_available_providers()
+    return [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in available]
+
+
+def _fmt(spec: dict) -> str:
+    return f"{spec['dtype']}[{', '.join(str(d) for d in spec['shape'])}]"
+
+
+def check_inputs(entry: str, specs: list[dict], arrays: list[np.ndarray], dims: dict) -> dict[str, int]:
+    """Bind the symbolic dims from the inputs; an InputError names the first misfit."""
+    if len(arrays) != len(specs):
+        names = ", ".join(s["name"] for s in specs)
+        raise InputError(f"{entry} takes {len(specs)} inputs ({names}), got {len(arrays)}")
+    env: dict[str, int] = {}
+    for spec, a in zip(specs, arrays):
+        if a.dtype.name != spec["dtype"] or a.ndim != len(spec["shape"]):
+            got = f"{a.dtype.name}{list(a.shape)}"
+            raise InputError(f"{entry} input {spec['name']!r}: expected {_fmt(spec)}, got {got}")
+        for d, n in zip(spec["shape"], a.shape):
+            if isinstance(d, str) and d.isidentifier():
+                env.setdefault(d, int(n))
+    for spec, a in zip(specs, arrays):
+        for axis, (d, n) in enumerate(zip(spec["shape"], a.shape)):
+            want = d if isinstance(d, int) else int(sympy.sympify(d).subs(env))
+            if int(n) != want:
+                raise InputError(f"{entry} input {spec['name']!r}: expected {_fmt(spec)} with "
+                                 f"{', '.join(f'{k}={v}' for k, v in env.items())}, got {list(a.shape)} "
+                                 f"(dim {axis} is {n}, expected {want})")
+    for name, (lo, hi) in dims.items():
+        if name in env and (env[name] < lo or (hi is not None and env[name] > hi)):
+            raise InputError(f"{entry}: dim {name} = {env[name]} is outside [{lo}, {hi if hi is not None else 'inf'}]")
+    return env
+
+
+class OnnxRunner:
+    """Runs the entries of an artifact; inputs and outputs in the manifest's order."""
+
+    def __init__(self, out_dir: str | Path, providers: list[str] | None = None, threads: int | None = None):
+        self.out_dir = Path(out_dir)
+        self.manifest = read_manifest(self.out_dir)
+        self.providers = providers or default_providers()
+        self.threads = threads
+        self._sessions: dict = {}
+        self.entries: dict[str, Graph] = {}
+
+    def session(self, entry: str):
+        if entry not in self.manifest["entries"]:
+            raise KeyError(f"{self.out_dir} has no entry {entry!r}; it has {', '.join(self.manifest['entries'])}")
+        if entry not in self._sessions:
+            import onnxruntime as ort
+
+            opts = ort.SessionOptions()
+            if self.threads:
+                opts.intra_op_num_threads = self.threads
+            path = self.out_dir / self.manifest["entries"][entry]["file"]
+            self._sessions[entry] = ort.InferenceSession(str(path), opts, providers=self.providers)
+        return self._sessions[entry]
+
+    def run_numpy(self, entry: str, *inputs: np.ndarray) -> list[np.ndarray]:
+        spec = self.manifest["entries"].get(entry)
+        if spec is None:
+            raise KeyError(f"{self.out_dir} has no entry {entry!r}; it has {', '.join(self.manifest['entries'])}")
+        arrays = [np.ascontiguousarray(a) for a in inputs]
+        check_inputs(entry, spec["inputs"], arrays, self.manifest.get("dims", {}))
+        feed = {s["name"]: a for s, a in zip(spec["inputs"], arrays)}
+        return self.session(entry).run([o["name"] for o in spec["outputs"]], feed)
+
+    def run(self, entry: str, *inputs: torch.Tensor) -> list[torch.Tensor]:
+        arrays = [x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x) for x in inputs]
+        return [torch.from_numpy(o if o.flags.writeable else o.copy()) for o in self.run_numpy(entry, *arrays)]

@@ -196,9 +196,13 @@ def unit_lower_inverse(L: Tensor, block: int = 8) -> Tensor:
     return T
 
 
+# The gate functions below get q and k fresh from `to_chunks` and may overwrite them.
+
+
 def _gates_per_channel(q: Tensor, k: Tensor, g: Tensor, C: int):
     kk, qk, eG, eG_rest = channel_decay_scores(q, k, to_chunks(g, C))
-    return kk, qk, q * eG, k * eG, k * eG_rest, eG[..., -1, :]
+    k_w = k * eG
+    return kk, qk, q.mul_(eG), k_w, k.mul_(eG_rest), eG[..., -1, :]
 
 
 def _gates_per_head(q: Tensor, k: Tensor, g: Tensor, C: int):
@@ -209,7 +213,8 @@ def _gates_per_head(q: Tensor, k: Tensor, g: Tensor, C: int):
     qk = (q @ k.transpose(-1, -2) * decay).tril()
     eG = decay_exp(G)[..., None]
     G_last = G[..., -1:]
-    return kk, qk, q * eG, k * eG, k * decay_exp_(G_last - G)[..., None], decay_exp(G_last)
+    k_w = k * eG
+    return kk, qk, q.mul_(eG), k_w, k.mul_(decay_exp_(G_last - G)[..., None]), decay_exp(G_last)
 
 
 def _no_gates(q: Tensor, k: Tensor, C: int):
@@ -237,7 +242,7 @@ def chunk_delta_prepare(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta:
         kk, qk, q_dec, k_w, k_dec, decay_last = _gates_per_head(q, k, g, C)
     else:
         kk, qk, q_dec, k_w, k_dec, decay_last = _gates_per_channel(q, k, g, C)
-    A = unit_lower_inverse(beta[..., None] * kk) * beta[..., None, :]
+    A = unit_lower_inverse(kk.mul_(beta[..., None])).mul_(beta[..., None, :])
     return DeltaChunks(q_dec, k_dec, A @ k_w, A @ v, qk, decay_last)
 
 
@@ -294,7 +299,9 @@ def chunk_output(q_decayed: Tensor, aqk: Tensor, v_new: Tensor, start_states: Te
     q_decayed [B, H, NC, C, K]; aqk [B, H, NC, C, C]; v_new [B, H, NC, C, V];
     start_states [B, H, NC, K, V]. Returns o [B, T, H, V] fp32 with the padding removed.
     """
-    o = q_decayed @ start_states + aqk @ v_new
+    o = q_decayed @ start_states
+    o.view(-1, *o.shape[-2:]).baddbmm_(aqk.reshape(-1, *aqk.shape[-2:]),
+                                       v_new.reshape(-1, *v_new.shape[-2:]))
     return scale * from_chunks(o, T)
 
 

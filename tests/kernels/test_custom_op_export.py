@@ -104,3 +104,11 @@ def test_exports_as_one_node_with_dynamic_batch_and_time(name):
     for got, want in zip(as_tuple(ep.module()(*other)), as_tuple(case.call(*other))):
         assert got.shape == want.shape
         assert_close(got, want, what=name)
+
+
+def test_every_custom_op_has_an_export_case():
+    from k3c.kernels import ops as op_module
+
+    defined = {name for name, obj in vars(op_module).items()
+               if isinstance(obj, torch._library.custom_ops.CustomOpDef)}
+    assert defined == set(CASES)

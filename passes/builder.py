@@ -32,9 +32,10 @@ class Builder:
         except ShapeError as e:  # a bug in a rewrite, never the user's: say which
             raise AssertionError(f"rewrite built an ill-typed {op}: {e}") from None
         base = name or op
+        named = len(spec.outputs) == len(types) and not any(o.endswith("*") for o in spec.outputs)
         outs = []
         for i, t in enumerate(types):
-            out = self.graph.fresh(base if len(types) == 1 else f"{base}.{i}")
+            out = self.graph.fresh(base if len(types) == 1 else f"{base}.{spec.outputs[i] if named else i}")
             self.graph.types[out] = t
             outs.append(out)
         self.nodes.append(Node(op, list(inputs), outs, dict(attrs), dict(self.anchor.meta)))

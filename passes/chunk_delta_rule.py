@@ -27,18 +27,23 @@ from .pattern import Match, Op
 GATES = {"kda": "channel", "gated_delta_rule": "head", "delta_rule": "none"}
 
 
+def _base(m: Match) -> str:
+    """kda_1.0 -> kda_1: new values are named after the op they replace."""
+    return m.root.outputs[0].rsplit(".", 1)[0]
+
+
 def _delta(chunk_size: int):
     def rewrite(m: Match, b: Builder) -> list[str]:
-        node = m.root
+        node, base = m.root, _base(m)
         if node.op == "delta_rule":
             (q, k, v, beta, state), g = node.inputs, None
         else:
             q, k, v, g, beta, state = node.inputs
         prep_in = [q, k, v, beta] + ([g] if g is not None else [])
-        qd, kd, w, u, aqk, decay = b.op("chunk_prepare", prep_in, name="chunk", chunk_size=chunk_size,
+        qd, kd, w, u, aqk, decay = b.op("chunk_prepare", prep_in, name=base, chunk_size=chunk_size,
                                         gate=GATES[node.op])
-        v_new, starts, state_out = b.op("chunk_state_scan", [w, u, kd, decay, state], name="chunk_scan")
-        o = b.op("chunk_output", [qd, aqk, v_new, starts], name="chunk_o", scale=node.attrs["scale"],
+        v_new, starts, state_out = b.op("chunk_state_scan", [w, u, kd, decay, state], name=base)
+        o = b.op("chunk_output", [qd, aqk, v_new, starts], name=f"{base}.o", scale=node.attrs["scale"],
                  T=b.type(q).shape[1])
         return [b.cast(o, b.type(v).dtype), state_out]
 
@@ -48,22 +53,23 @@ def _delta(chunk_size: int):
 def _linear_attention(chunk_size: int):
     def rewrite(m: Match, b: Builder) -> list[str]:
         q, k, v, state, z = m.root.inputs
+        base = _base(m)
         B, T, H, V = b.type(v).shape
         K = b.type(q).shape[3]
-        ones = b.op("full", [], name="ones", shape=[B, T, H, 1], value=1.0, dtype="f32")
-        v1 = b.op("concat", [b.cast(v, "f32"), ones], name="v1", dim=3)
-        z1 = b.op("reshape", [z], name="z1", shape=[B, H, K, 1])
-        s1 = b.op("concat", [state, z1], name="s1", dim=3)
-        qd, kd, w, u, aqk, decay = b.op("chunk_prepare", [q, k, v1], name="chunk", chunk_size=chunk_size,
+        ones = b.op("full", [], name=f"{base}.ones", shape=[B, T, H, 1], value=1.0, dtype="f32")
+        v1 = b.op("concat", [b.cast(v, "f32"), ones], name=f"{base}.v1", dim=3)
+        z1 = b.op("reshape", [z], name=f"{base}.z1", shape=[B, H, K, 1])
+        s1 = b.op("concat", [state, z1], name=f"{base}.s1", dim=3)
+        qd, kd, w, u, aqk, decay = b.op("chunk_prepare", [q, k, v1], name=base, chunk_size=chunk_size,
                                         gate="linear")
-        v_new, starts, s1_out = b.op("chunk_state_scan", [w, u, kd, decay, s1], name="chunk_scan")
-        o1 = b.op("chunk_output", [qd, aqk, v_new, starts], name="chunk_o", scale=m.root.attrs["scale"], T=T)
-        num = b.op("slice", [o1], name="num", dim=3, start=0, end=V)
-        den = b.op("slice", [o1], name="den", dim=3, start=V, end=V + 1)
-        o = b.cast(b.op("div", [num, den], name="o"), b.type(v).dtype)
-        s_out = b.op("slice", [s1_out], name="s", dim=3, start=0, end=V)
-        z_out = b.op("reshape", [b.op("slice", [s1_out], name="z", dim=3, start=V, end=V + 1)], name="z",
-                     shape=[B, H, K])
+        v_new, starts, s1_out = b.op("chunk_state_scan", [w, u, kd, decay, s1], name=base)
+        o1 = b.op("chunk_output", [qd, aqk, v_new, starts], name=f"{base}.o1", scale=m.root.attrs["scale"], T=T)
+        num = b.op("slice", [o1], name=f"{base}.num", dim=3, start=0, end=V)
+        den = b.op("slice", [o1], name=f"{base}.den", dim=3, start=V, end=V + 1)
+        o = b.cast(b.op("div", [num, den], name=f"{base}.o"), b.type(v).dtype)
+        s_out = b.op("slice", [s1_out], name=f"{base}.s", dim=3, start=0, end=V)
+        z_col = b.op("slice", [s1_out], name=f"{base}.z", dim=3, start=V, end=V + 1)
+        z_out = b.op("reshape", [z_col], name=f"{base}.z", shape=[B, H, K])
         return [o, s_out, z_out]
 
     return rewrite

@@ -18,7 +18,7 @@ import torch
 from ..ir import Graph, Node, dims
 from ..ir.interpret import run_node
 from .builder import Builder
-from .manager import Rule, apply_rules, register_pass, remove_dead, replace_outputs
+from .manager import Rule, apply_rules, register_pass, remove_dead, rename_value, replace_outputs
 from .pattern import Any, Const, Match, Op
 
 FOLDABLE_LIMIT = 1 << 26  # elements: never materialise more than this in one folded weight
@@ -52,7 +52,7 @@ def _fold_node(graph: Graph, node: Node, values: dict[str, torch.Tensor]) -> lis
     new = []
     for out_name, t in zip(node.outputs, outs):
         if t.dim() == 0 and not weights and not t.is_meta:
-            new.append(b.const(t.item(), graph.types[out_name].dtype))
+            new.append(b.op("const", [], name=out_name, value=t.item(), dtype=graph.types[out_name].dtype))
         else:
             suffix = f"{node.attrs['dtype']}" if node.op == "cast" else node.op
             new.append(b.weight(f"{weights[0]}.{suffix}" if weights else out_name, t.contiguous()))
@@ -72,6 +72,10 @@ def fold_constants(graph: Graph) -> Counter:
         new = _fold_node(graph, node, values)
         replace_outputs(graph, node, new)
         remove_dead(graph, [node])
+        for i, (old, v) in enumerate(zip(node.outputs, new)):
+            if not graph.is_weight(v) and old not in graph.types:  # a const keeps the folded value's name
+                rename_value(graph, v, old)
+                new[i] = old
         producers = graph.producers()
         for v in new:
             values[v] = graph.weights[v] if graph.is_weight(v) else run_node(producers[v], [], {})[0]

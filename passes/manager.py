@@ -60,9 +60,12 @@ def apply_rules(graph: Graph, rules: list[Rule], max_sweeps: int = 50) -> Counte
                 result = rule.rewrite(m, b)
                 if result is None:
                     continue
+                created = list(b.nodes)
                 b.commit()
-                replace_outputs(graph, node, [result] if isinstance(result, str) else list(result))
+                values = [result] if isinstance(result, str) else list(result)
+                replace_outputs(graph, node, values)
                 removed |= remove_dead(graph, m.nodes)
+                _keep_names(graph, m.nodes, values, created)
                 sites[rule.name] += 1
                 changed = True
                 ctx = Context.of(graph)
@@ -70,6 +73,31 @@ def apply_rules(graph: Graph, rules: list[Rule], max_sweeps: int = 50) -> Counte
         if not changed:
             return sites
     raise RuntimeError(f"rules {[r.name for r in rules]} did not reach a fixed point in {max_sweeps} sweeps")
+
+
+def _keep_names(graph: Graph, matched, values: list[str], created: list[Node]) -> None:
+    """A value rebuilt keeps its old name (the IR diff shows only what changed): the root's
+    replacement by the same op, and a new node the rewrite named after a removed one."""
+    root = matched[0]
+    made = {o: n for n in created for o in n.outputs}
+    pairs = [(before, after) for before, after in zip(root.outputs, values)
+             if after in made and made[after].op == root.op]
+    gone = {o for n in matched for o in n.outputs if o not in graph.types}
+    for n in created:
+        if len(n.outputs) == 1 and "_" in n.outputs[0]:
+            base = n.outputs[0].rsplit("_", 1)[0]
+            if base in gone:
+                pairs.append((base, n.outputs[0]))
+    for before, after in pairs:
+        if before not in graph.types and after in graph.types:
+            rename_value(graph, after, before)
+
+
+def rename_value(graph: Graph, old: str, new: str) -> None:
+    graph.types[new] = graph.types.pop(old)
+    for n in graph.nodes:
+        n.outputs = [new if o == old else o for o in n.outputs]
+    graph.replace_uses(old, new)
 
 
 def replace_outputs(graph: Graph, node: Node, values: list[str]) -> None:

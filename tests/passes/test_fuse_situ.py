@@ -127,8 +127,8 @@ def test_bf16_casts_around_situ_are_absorbed():
   dim N in [1, inf]
   input %g: bf16[N, 8]
   input %u: bf16[N, 8]
-  %situ_1: bf16[N, 8] = situ(%g, %u) {beta=2.0, linear_beta=9.0}
-  output y = %situ_1
+  %situ: bf16[N, 8] = situ(%g, %u) {beta=2.0, linear_beta=9.0}
+  output y = %situ
 }""")
     assert sites == {"situ-from-elementwise": 1, "situ-casts": 1}
     assert_same_outputs(g, out, inputs_for(g, {"N": 4}))

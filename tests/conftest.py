@@ -4,11 +4,18 @@ once per test session (a capture takes seconds)."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from zoo import CAPTURE_T, example_ids
 
 import k3c
+
+# Without CUDA the Triton kernels run under triton's interpreter, which must be chosen before
+# triton is first imported (some tests import fla, which imports triton).
+if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
 
 
 @pytest.fixture(scope="session")

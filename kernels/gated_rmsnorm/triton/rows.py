@@ -1,0 +1,61 @@
+"""RMSNorm over the last dim in Triton, optionally weighted and gated:
+
+    y = x / sqrt(mean(x^2) + eps) * w * sigmoid(gate)        fp32 inside, x's dtype out
+
+One program normalises BR rows of width D (a [BR, BD] block, BD the power of two >= D).
+The gated form is KDA's output norm; without the gate it is the model's RMSNorm.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ...common.triton import autotune, block, check_device
+
+import triton  # isort: skip  (after common.triton has chosen the mode)
+import triton.language as tl  # isort: skip
+
+
+def _rows_per_program() -> list[triton.Config]:
+    return [triton.Config({"BR": br}, num_warps=nw) for br, nw in ((64, 4), (1, 4), (4, 4), (16, 4), (1, 8))]
+
+
+@autotune(configs=_rows_per_program(), key=["D"])
+@triton.jit
+def rmsnorm_kernel(x, w, gate, y, R, eps, D: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr,
+                   HAS_W: tl.constexpr, HAS_GATE: tl.constexpr):
+    o_r = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
+    o_d = tl.arange(0, BD)
+    m_r, m_d = o_r < R, o_d < D
+    m = m_r[:, None] & m_d[None, :]
+    p = o_r[:, None] * D + o_d[None, :]
+    b_x = tl.load(x + p, mask=m, other=0.).to(tl.float32)
+    b_y = b_x * tl.rsqrt(tl.sum(b_x * b_x, axis=1) / D + eps)[:, None]
+    if HAS_W:
+        b_y = b_y * tl.load(w + o_d, mask=m_d, other=0.).to(tl.float32)[None, :]
+    if HAS_GATE:
+        b_y = b_y * tl.sigmoid(tl.load(gate + p, mask=m, other=0.).to(tl.float32))
+    tl.store(y + p, b_y.to(y.dtype.element_ty), mask=m)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, gate: torch.Tensor | None = None,
+             out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """rmsnorm(x) * weight [* sigmoid(gate)] over the last dim; x, gate [..., D], weight [D]."""
+    check_device("rms_norm", x, weight, gate)
+    D = x.shape[-1]
+    if weight is not None and tuple(weight.shape) != (D,):
+        raise ValueError(f"rms_norm: weight must be [{D}], got {list(weight.shape)}")
+    if gate is not None and gate.shape != x.shape:
+        raise ValueError(f"gated rms_norm: gate {list(gate.shape)} must match x {list(x.shape)}")
+    x = x.contiguous()
+    y = torch.empty(x.shape, dtype=out_dtype or x.dtype, device=x.device)
+    R = x.numel() // max(D, 1)
+    grid = lambda meta: (triton.cdiv(R, meta["BR"]),)
+    rmsnorm_kernel[grid](x, weight if weight is not None else x, gate.contiguous() if gate is not None else x, y, R,
+                         float(eps), D=D, BD=block(D, 1), HAS_W=weight is not None, HAS_GATE=gate is not None)
+    return y
+
+
+def gated_rmsnorm(x: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
+    """KDA's output norm: rmsnorm(x) * weight * sigmoid(gate), as `..naive.gated_rmsnorm`."""
+    return rms_norm(x, weight, eps, gate)

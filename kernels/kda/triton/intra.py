@@ -1,0 +1,202 @@
+"""Piece (a) of chunked KDA in Triton: the intra-chunk work, parallel over chunks.
+
+Three kernels, each over (chunk, batch * head) programs, write what `chunk_prepare`
+(k3c.ir.ops.chunked) returns, in chunk layout [B, H, NC, C, ...] fp32, T padded to NC * C
+with zero rows (k = v = g = beta = 0 there, so nothing leaks into the state):
+
+  chunk_decay_kernel    G = cumsum(g) in the chunk; q exp(G), k exp(G_last - G), exp(G_last),
+                        and beta k exp(G) for the WY transform
+  chunk_scores_kernel   per [BC, BC] sub-block pair (i >= j) of the chunk:
+                          L[i, j]   = beta_i sum_d k_i k_j exp(G_i - G_j)     j < i
+                          Aqk[i, j] = sum_d q_i k_j exp(G_i - G_j)            j <= i
+                        off the diagonal through the first row n of block i:
+                        exp(G_i - G_j) = exp(G_i - G_n) exp(G_n - G_j), both exponents <= 0;
+                        on the diagonal pairwise, masked to -inf before the exp
+  chunk_wy_kernel       (I + L)^-1 by forward substitution, row by row, then
+                        w = (I + L)^-1 (beta k exp(G)),  u = (I + L)^-1 (beta v)
+
+The gate is per channel (KDA). The gated delta rule (one gate per head) and the delta rule
+(no gate) run the same kernels with the gate broadcast over K by a zero stride.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ...common.triton import autotune, block, check_device, dot_precision
+
+import triton  # isort: skip  (after common.triton has chosen the mode)
+import triton.language as tl  # isort: skip
+
+
+@triton.jit
+def chunk_decay_kernel(q, k, g, beta, G, q_decayed, k_decayed, kbg, decay_last,
+                       s_gb, s_gt, s_gh, s_gk, s_bb, s_bt, s_bh,
+                       T, NC, H: tl.constexpr, K: tl.constexpr, C: tl.constexpr, BK: tl.constexpr):
+    i_n, i_k, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_c = tl.arange(0, C)
+    o_k = i_k * BK + tl.arange(0, BK)
+    o_t = i_n * C + o_c
+    m_t, m_k = o_t < T, o_k < K
+    m_tk = m_t[:, None] & m_k[None, :]
+
+    p_g = g + i_b * s_gb + o_t[:, None] * s_gt + i_h * s_gh + o_k[None, :] * s_gk
+    b_g = tl.load(p_g, mask=m_tk, other=0.).to(tl.float32)
+    b_G = tl.cumsum(b_g, axis=0)
+    b_Glast = tl.sum(b_g, axis=0)  # padded rows add 0: the last row of G
+
+    p_in = (i_b * T + o_t[:, None]) * H * K + i_h * K + o_k[None, :]
+    b_q = tl.load(q + p_in, mask=m_tk, other=0.).to(tl.float32)
+    b_k = tl.load(k + p_in, mask=m_tk, other=0.).to(tl.float32)
+    b_beta = tl.load(beta + i_b * s_bb + o_t * s_bt + i_h * s_bh, mask=m_t, other=0.).to(tl.float32)
+
+    p_out = ((i_bh * NC + i_n) * C + o_c[:, None]) * K + o_k[None, :]
+    b_eG = tl.exp(b_G)
+    tl.store(G + p_out, b_G, mask=m_k[None, :])
+    tl.store(q_decayed + p_out, b_q * b_eG, mask=m_k[None, :])
+    tl.store(k_decayed + p_out, b_k * tl.exp(b_Glast[None, :] - b_G), mask=m_k[None, :])
+    tl.store(kbg + p_out, b_beta[:, None] * b_k * b_eG, mask=m_k[None, :])
+    tl.store(decay_last + (i_bh * NC + i_n) * K + o_k, tl.exp(b_Glast), mask=m_k)
+
+
+@autotune(configs=[triton.Config({"BK": 64}, num_warps=4), triton.Config({"BK": 32}, num_warps=4),
+                   triton.Config({"BK": 64}, num_warps=8), triton.Config({"BK": 32}, num_warps=8)],
+          key=["K", "C"])
+@triton.jit
+def chunk_scores_kernel(q, k, G, beta, L, Aqk, s_bb, s_bt, s_bh, T, NC, H: tl.constexpr, K: tl.constexpr,
+                        C: tl.constexpr, LOG2C: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr):
+    i_n, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_c = tl.arange(0, C)
+    o_t = i_n * C + o_c
+    m_t = o_t < T
+    p_Gc = G + (i_bh * NC + i_n) * C * K  # this chunk of G [C, K]
+
+    b_Aqk = tl.zeros([C, C], dtype=tl.float32)
+    b_Akk = tl.zeros([C, C], dtype=tl.float32)
+    for i_k in range(tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < K
+        p_in = (i_b * T + o_t[:, None]) * H * K + i_h * K + o_k[None, :]
+        b_q = tl.load(q + p_in, mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_k = tl.load(k + p_in, mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_G = tl.load(p_Gc + o_c[:, None] * K + o_k[None, :], mask=m_k[None, :], other=0.)
+        b_Aqk += tl.where(o_c[:, None] == o_c[None, :], tl.sum(b_q * b_k, axis=1)[:, None], 0.)
+        # Level h pairs row i of an upper half-block [m, m + h) with column j of the lower half
+        # [m - h, m) before it: exp(G_i - G_j) = exp(G_i - G_m) exp(G_m - G_j), both <= 0.
+        for l in tl.static_range(LOG2C):
+            h = C >> (l + 1)
+            o_blk = o_c // h
+            o_m = (o_blk + 1) * h  # for a column j of a lower half: the first row m after it
+            b_Gm_row = tl.load(p_Gc + (o_blk * h)[:, None] * K + o_k[None, :], mask=m_k[None, :], other=0.)
+            b_Gm_col = tl.load(p_Gc + o_m[:, None] * K + o_k[None, :], mask=(o_m < C)[:, None] & m_k[None, :],
+                               other=0.)
+            b_e_row = tl.exp(tl.minimum(b_G - b_Gm_row, 0.))
+            b_kt = tl.trans(tl.where((o_blk % 2 == 0)[:, None], b_k * tl.exp(tl.minimum(b_Gm_col - b_G, 0.)), 0.))
+            m_pair = ((o_blk % 2 == 1)[:, None] & (o_blk[:, None] == o_blk[None, :] + 1))
+            b_Aqk += tl.where(m_pair, tl.dot(b_q * b_e_row, b_kt, input_precision=PREC), 0.)
+            b_Akk += tl.where(m_pair, tl.dot(b_k * b_e_row, b_kt, input_precision=PREC), 0.)
+    b_beta = tl.load(beta + i_b * s_bb + o_t * s_bt + i_h * s_bh, mask=m_t, other=0.).to(tl.float32)
+    p_A = (i_bh * NC + i_n) * C * C + o_c[:, None] * C + o_c[None, :]
+    tl.store(L + p_A, b_Akk * b_beta[:, None])
+    tl.store(Aqk + p_A, b_Aqk)
+
+
+@autotune(configs=[triton.Config({"BK": 64, "BV": 64}, num_warps=4), triton.Config({"BK": 32, "BV": 32}, num_warps=4),
+                   triton.Config({"BK": 64, "BV": 64}, num_warps=8)],
+          key=["K", "V", "C"])
+@triton.jit
+def chunk_wy_kernel(L, kbg, v, beta, w, u, s_bb, s_bt, s_bh, T, NC, H: tl.constexpr, K: tl.constexpr,
+                    V: tl.constexpr, C: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                    PREC: tl.constexpr):
+    i_n, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_c = tl.arange(0, C)
+    o_t = i_n * C + o_c
+    m_t = o_t < T
+    b_L = tl.load(L + (i_bh * NC + i_n) * C * C + o_c[:, None] * C + o_c[None, :])
+    m_I = o_c[:, None] == o_c[None, :]
+
+    # The diagonal [BC, BC] blocks of (I + L)^-1, all at once, row by row:
+    # N[r, :] = -L[r, :] - L[r, :] N for the r-th row of each block (N = inverse - I)
+    b_Ld = tl.where((o_c[:, None] // BC) == (o_c[None, :] // BC), b_L, 0.)
+    b_N = tl.zeros([C, C], dtype=tl.float32)
+    for i in range(1, BC):
+        b_l = tl.where((o_c % BC == i)[:, None], -b_Ld, 0.)
+        b_N += b_l + tl.dot(b_l, b_N, input_precision=PREC)
+    b_Di = b_N + tl.where(m_I, 1., 0.)
+    # Then block row by block row: A[p, :p] = -Di[p] L[p, :p] A[:p, :p]
+    b_A = b_Di
+    for p in range(1, C // BC):
+        m_row = (o_c // BC == p)[:, None] & (o_c < p * BC)[None, :]
+        b_x = tl.dot(tl.where(m_row, b_L, 0.), b_A, input_precision=PREC)
+        b_A -= tl.dot(b_Di, b_x, input_precision=PREC)
+
+    p_chunk = (i_bh * NC + i_n) * C
+    for i_k in range(tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        p_kk = (p_chunk + o_c[:, None]) * K + o_k[None, :]
+        b_kbg = tl.load(kbg + p_kk, mask=o_k[None, :] < K, other=0.)
+        tl.store(w + p_kk, tl.dot(b_A, b_kbg, input_precision=PREC), mask=o_k[None, :] < K)
+    b_beta = tl.load(beta + i_b * s_bb + o_t * s_bt + i_h * s_bh, mask=m_t, other=0.).to(tl.float32)
+    for i_v in range(tl.cdiv(V, BV)):
+        o_v = i_v * BV + tl.arange(0, BV)
+        m_v = o_v < V
+        p_v = v + (i_b * T + o_t[:, None]) * H * V + i_h * V + o_v[None, :]
+        b_v = tl.load(p_v, mask=m_t[:, None] & m_v[None, :], other=0.).to(tl.float32) * b_beta[:, None]
+        tl.store(u + (p_chunk + o_c[:, None]) * V + o_v[None, :], tl.dot(b_A, b_v, input_precision=PREC),
+                 mask=m_v[None, :])
+
+
+def _gate_view(g: torch.Tensor | None, gate: str, q: torch.Tensor) -> torch.Tensor:
+    """g as a [B, T, H, K] view: per channel as is, per head with a zero K stride, absent as
+    one zero with every stride zero."""
+    B, T, H, K = q.shape
+    if gate == "channel":
+        return g.contiguous()
+    if gate == "head":
+        return g.contiguous()[..., None].expand(B, T, H, K)
+    return q.new_zeros(1, dtype=torch.float32).expand(B, T, H, K)
+
+
+def chunk_prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor | None,
+                  g: torch.Tensor | None, chunk_size: int, gate: str):
+    """(a) for the delta family; the arguments and results of the IR op `chunk_prepare`.
+
+    q, k [B, T, H, K]; v [B, T, H, V]; beta [B, T, H]; g [B, T, H, K] (gate "channel"),
+    [B, T, H] ("head") or None ("none", "linear": then beta is None too and A = I).
+    Returns (q_decayed, k_decayed, w, u, aqk, decay_last), fp32 in chunk layout.
+    """
+    check_device("chunk_prepare", q, k, v, beta, g)
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    C = chunk_size
+    if C < 16 or C & (C - 1):
+        raise ValueError(f"chunk_prepare (triton): chunk_size must be a power of two >= 16, got {C}")
+    NC = triton.cdiv(T, C)
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    gv = _gate_view(g, gate, q)
+    bv = beta.contiguous() if beta is not None else q.new_ones(1, dtype=torch.float32).expand(B, T, H)
+    f32 = dict(dtype=torch.float32, device=q.device)
+    G, q_dec, k_dec, kbg = (torch.empty(B, H, NC, C, K, **f32) for _ in range(4))
+    decay = torch.empty(B, H, NC, K, **f32)
+    BK = min(block(K), 64)
+    chunk_decay_kernel[(NC, triton.cdiv(K, BK), B * H)](
+        q, k, gv, bv, G, q_dec, k_dec, kbg, decay, *gv.stride(), *bv.stride(), T, NC, H=H, K=K, C=C, BK=BK)
+    L, aqk = torch.empty(B, H, NC, C, C, **f32), torch.empty(B, H, NC, C, C, **f32)
+    prec = dot_precision()
+    chunk_scores_kernel[(NC, B * H)](q, k, G, bv, L, aqk, *bv.stride(), T, NC, H=H, K=K, C=C,
+                                     LOG2C=C.bit_length() - 1, PREC=prec)
+    if gate == "linear":
+        w = torch.zeros(B, H, NC, C, K, **f32)
+        u = torch.zeros(B, H, NC * C, V, **f32)
+        u[:, :, :T] = v.transpose(1, 2)
+        u = u.view(B, H, NC, C, V)
+    else:
+        w, u = torch.empty(B, H, NC, C, K, **f32), torch.empty(B, H, NC, C, V, **f32)
+        chunk_wy_kernel[(NC, B * H)](L, kbg, v, bv, w, u, *bv.stride(), T, NC, H=H, K=K, V=V, C=C, BC=16,
+                                     PREC=prec)
+    if gate != "channel":
+        decay = decay[..., :1].contiguous()
+    return q_dec, k_dec, w, u, aqk, decay

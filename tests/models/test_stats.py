@@ -10,8 +10,13 @@ from k3c.models.stats import format_stats, gpt2_small_params, model_stats
 
 
 @pytest.fixture(scope="module")
-def k3_stats():
-    return model_stats("k3", seq_len=4096)
+def k3_meta():
+    return build("k3", device="meta")
+
+
+@pytest.fixture(scope="module")
+def k3_stats(k3_meta):
+    return model_stats(k3_meta, seq_len=4096)
 
 
 def test_gpt2_small_is_124m():
@@ -50,9 +55,9 @@ def test_active_params_count_top_k_of_the_routed_experts():
     assert p["active"] == p["total"] - moe_layers * per_layer * (cfg.num_experts - cfg.top_k) // cfg.num_experts
 
 
-def test_state_and_flops_scale_with_context():
-    a, b = model_stats("k3", seq_len=1024), model_stats("k3", seq_len=2048)
-    cfg = build("k3", device="meta").config
+def test_state_and_flops_scale_with_context(k3_meta):
+    a, b = model_stats(k3_meta, seq_len=1024), model_stats(k3_meta, seq_len=2048)
+    cfg = k3_meta.config
     n_mla = len(cfg.mla_layers)
     n_kda = cfg.num_layers - n_mla
     assert a["state_bytes"]["kda_S"] == b["state_bytes"]["kda_S"] == n_kda * 96 * 128 * 128 * 4

@@ -1,0 +1,130 @@
+"""Build: the Relax module through our pipeline into a VM executable (`tvm.compile`), and the
+artifact on disk.
+
+The pipeline is TVM's default one for the target with two additions: `LiftTransformParams`
+first (weight-only work, such as the transposes of GEMM and expert weights, moves into one
+`transform_params` function that the runner calls once at load), and our schedules after
+fusion (schedules.py). The artifact of `lower`:
+
+    DIR/lib.so                 the compiled library (functions prefill/decode/forward and
+                               transform_params), loadable with tvm.runtime.load_module
+    DIR/weights.safetensors    the weights, by IR name, as the graphs hold them
+    DIR/manifest.json          target, weight order, and per entry its inputs, outputs and dims
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import torch
+import tvm
+from safetensors.torch import save_file
+from tvm import relax
+
+from ...ir import Graph
+from ...ir import dims as D
+from .lower import lower_module, weight_names
+from .schedules import default_schedule
+from .target import make_target
+
+FORMAT = "k3c-tvm/1"
+
+
+def pipeline(target: tvm.target.Target, stop_after_schedule: bool = False) -> tvm.transform.Pass:
+    """The Relax pipeline: lift weight transforms, legalize, fuse, schedule, lower to the VM."""
+    passes = [
+        relax.transform.LiftTransformParams(shared_transform=True),
+        relax.backend.DispatchSampling(),
+        relax.backend.DispatchSortScan(),
+        relax.transform.LegalizeOps(),
+        relax.transform.AnnotateTIROpPattern(),
+        relax.transform.FoldConstant(),
+        relax.transform.FuseOps(),
+        relax.transform.FuseTIR(),
+        default_schedule(target),
+    ]
+    if not stop_after_schedule:
+        passes += [
+            relax.transform.RewriteDataflowReshape(),
+            relax.transform.ToNonDataflow(),
+            relax.transform.RemovePurityChecking(),
+            relax.transform.CallTIRRewrite(),
+            relax.transform.StaticPlanBlockMemory(),
+            relax.transform.LowerAllocTensor(),
+            relax.transform.KillAfterLastUse(),
+            relax.transform.LowerRuntimeBuiltin(),
+            relax.transform.ComputePrimValue(),
+            relax.transform.VMShapeLower(),
+            relax.transform.AttachGlobalSymbol(),
+        ]
+
+    @tvm.transform.module_pass(opt_level=0, name="K3cRelaxPipeline")
+    def run(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        with target:
+            return tvm.transform.Sequential(passes)(mod)
+
+    return run
+
+
+def scheduled_module(graphs: dict[str, Graph], target: str = "llvm", **options) -> tvm.IRModule:
+    """The module as it is compiled: Relax functions plus every TensorIR function scheduled."""
+    tgt = make_target(target, options.get("arch"))
+    mod = lower_module(graphs, target, options)
+    return pipeline(tgt, stop_after_schedule=True)(mod)
+
+
+def build(graphs: dict[str, Graph], target: str = "llvm", **options):
+    """(executable, seconds): the graphs lowered, scheduled and compiled for `target`."""
+    tgt = make_target(target, options.get("arch"))
+    t0 = time.perf_counter()
+    mod = lower_module(graphs, target, options)
+    ex = tvm.compile(mod, target=tgt, relax_pipeline=pipeline(tgt))
+    return ex, time.perf_counter() - t0
+
+
+def _type_entry(name: str, t) -> dict:
+    return {"name": name, "dtype": t.dtype, "shape": [D.to_str(d) for d in t.shape]}
+
+
+def _id_bounds(graph: Graph) -> dict[str, int]:
+    """Integer inputs that index an embedding table: the table size they must stay under."""
+    out = {}
+    for node in graph.nodes:
+        if node.op == "embedding" and node.inputs[1] in graph.inputs:
+            out[node.inputs[1]] = int(graph.types[node.inputs[0]].shape[0])
+    return out
+
+
+def manifest(graphs: dict[str, Graph], target: str, options: dict, seconds: float) -> dict:
+    return {
+        "format": FORMAT,
+        "target": target,
+        "weights": weight_names(graphs),
+        "options": {k: v for k, v in options.items() if isinstance(v, (str, int, float, bool))},
+        "build_seconds": round(seconds, 2),
+        "entries": {
+            entry: {
+                "dims": {n: [lo, hi] for n, (lo, hi) in g.dims.items()},
+                "inputs": [_type_entry(n, g.types[n]) for n in g.inputs],
+                "outputs": [_type_entry(name, g.types[v]) for name, v in g.outputs],
+                "id_bounds": _id_bounds(g),
+            }
+            for entry, g in graphs.items()
+        },
+    }
+
+
+def export(ex, graphs: dict[str, Graph], out_dir: Path, target: str, options: dict, seconds: float) -> Path:
+    """Write lib.so, weights.safetensors and manifest.json into `out_dir`."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    ex.export_library(str(out_dir / "lib.so"))
+    weights: dict[str, torch.Tensor] = {}
+    for g in graphs.values():
+        for name, t in g.weights.items():
+            weights.setdefault(name, t.detach().contiguous().clone())  # tied weights become copies
+    save_file(weights, str(out_dir / "weights.safetensors"))
+    (out_dir / "manifest.json").write_text(json.dumps(manifest(graphs, target, options, seconds), indent=1))
+    return out_dir

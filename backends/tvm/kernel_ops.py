@@ -1,0 +1,244 @@
+"""Lowerings of the recurrent, attention, MoE and fused IR ops: TensorIR kernels from
+`k3c.kernels.<op>.tvm`, called with `call_tir`, glued by a few Relax operators (reshapes, the
+expert weight transposes, MLA's up-projections).
+
+Choices a reader should know:
+- recurrent delta-rule ops run the recurrent kernel (one block per value column walking T);
+  the chunked IR ops (`chunk_prepare`, `chunk_state_scan`, `chunk_output`) have kernels of
+  their own, in chunk_ops.py.
+- `mla_attention` with a static single query step (decode) runs in the absorbed form: W_UK
+  folded into the query, one latent key/value head, W_UV after attention. Exact algebra; it
+  reads the latent cache instead of up-projecting all of it every step. Option
+  `mla_absorb`: "decode" (default), "always" or "never".
+"""
+
+from __future__ import annotations
+
+import sympy
+from tvm import relax
+
+from ...ir import dims as D
+from ...kernels.attention.tvm import SCHEDULES as ATTN_SCHEDULES
+from ...kernels.attention.tvm import causal_attention
+from ...kernels.attn_res.tvm import SCHEDULES as RES_SCHEDULES
+from ...kernels.attn_res.tvm import attn_res_mix
+from ...kernels.kda.tvm import recurrent
+from ...kernels.linear_attention.tvm import recurrent as linear_recurrent
+from ...kernels.moe.tvm import DOWN_SCHEDULES, GATE_UP_SCHEDULES, moe_down, moe_gate_up
+from ...kernels.short_conv.tvm import SCHEDULES as CONV_SCHEDULES
+from ...kernels.short_conv.tvm import short_conv
+from ...kernels.situ.tvm import situ
+from .context import LowerContext
+from .dims import static_int
+
+R = relax.op
+
+
+def _static(ctx: LowerContext, value: str, *axes: int) -> list[int]:
+    shape = ctx.type_of(value).shape
+    return [static_int(shape[a], f"dim {a} of %{value}") for a in axes]
+
+
+def _rows(ctx: LowerContext, value: str, keep: int = 1):
+    """The product of all but the last `keep` dims of a value, as a TIR expression."""
+    lead = ctx.type_of(value).shape[:-keep]
+    return ctx.dims.expr(D.normalize(sympy.Mul(*[sympy.sympify(d) for d in lead]))) if lead else 1
+
+
+# ---------------------------------------------------------------- recurrent delta rule
+
+def _delta_rule(gate: str):
+    def rule(ctx: LowerContext, node, q, k, v, *rest):
+        scale = ctx.attrs(node)["scale"]
+        H, K = _static(ctx, node.inputs[0], 2, 3)
+        (V,) = _static(ctx, node.inputs[2], 3)
+        B, T = ctx.shape(node.inputs[0])[:2]
+        if gate == "none":
+            beta, state = rest
+            decay = R.reshape(beta, relax.ShapeExpr([B, T, H, 1]))  # unread placeholder
+        else:
+            g, beta, state = rest
+            decay = R.exp(g if gate == "channel" else R.reshape(g, relax.ShapeExpr([B, T, H, 1])))
+        gv = ctx.kernel(("delta_recurrent", gate, H, K, V, scale),
+                        lambda: recurrent.delta_recurrent(H, K, V, gate, scale, ctx.target), recurrent.SCHEDULES)
+        return ctx.call_tir(gv, [q, k, v, ctx.bb.emit(decay), beta, state], ctx.out_types(node))
+
+    return rule
+
+
+def _linear_attention(ctx: LowerContext, node, q, k, v, state, z):
+    scale = ctx.attrs(node)["scale"]
+    H, K = _static(ctx, node.inputs[0], 2, 3)
+    (V,) = _static(ctx, node.inputs[2], 3)
+    gv = ctx.kernel(("linear_recurrent", H, K, V, scale),
+                    lambda: linear_recurrent.linear_recurrent(H, K, V, scale, ctx.target), linear_recurrent.SCHEDULES)
+    return ctx.call_tir(gv, [q, k, v, state, z], ctx.out_types(node))
+
+
+def _short_conv(ctx: LowerContext, node, x, w, state):
+    act = ctx.attrs(node)["activation"]
+    C, W = _static(ctx, node.inputs[1], 0, 1)
+    gv = ctx.kernel(("short_conv", C, W, act), lambda: short_conv(C, W, act), CONV_SCHEDULES)
+    return ctx.call_tir(gv, [x, w, state], ctx.out_types(node))
+
+
+# ---------------------------------------------------------------------------- attention
+
+def attention(ctx: LowerContext, q, k, v, H: int, G: int, D_: int, Dv: int, scale: float, out_shape) -> relax.Expr:
+    """The causal attention kernel on q [B, L, H, D], k [B, S, G, D], v [B, S, G, Dv]."""
+    gv = ctx.kernel(("causal_attention", H, G, D_, Dv, scale),
+                    lambda: causal_attention(H, G, D_, Dv, scale, ctx.target), ATTN_SCHEDULES)
+    return ctx.call_tir(gv, [q, k, v], [relax.TensorType(out_shape, "float32")])[0]
+
+
+def _causal_attention(ctx: LowerContext, node, q, k, v):
+    H, Dq = _static(ctx, node.inputs[0], 2, 3)
+    (Dv,) = _static(ctx, node.inputs[2], 3)
+    return attention(ctx, q, k, v, H, H, Dq, Dv, ctx.attrs(node)["scale"], ctx.shape(node.outputs[0]))
+
+
+def _mla_expanded(ctx: LowerContext, node, q, ckv, krope, w_kv_b):
+    """Up-project the latent cache to per-head keys and values, then attend."""
+    a = ctx.attrs(node)
+    H, Dq = _static(ctx, node.inputs[0], 2, 3)
+    (Dr,) = _static(ctx, node.inputs[2], 2)
+    Dn, Dv = Dq - Dr, a["v_head_dim"]
+    B, S = ctx.shape(node.inputs[1])[:2]
+    kv = R.reshape(R.matmul(ckv, R.permute_dims(w_kv_b, [1, 0])), relax.ShapeExpr([B, S, H, Dn + Dv]))
+    parts = ctx.bb.emit(R.split(kv, [Dn], axis=3))
+    k_rope = R.broadcast_to(R.expand_dims(krope, [2]), relax.ShapeExpr([B, S, H, Dr]))
+    k = ctx.bb.emit(R.concat([relax.TupleGetItem(parts, 0), k_rope], axis=3))
+    v = ctx.bb.emit(relax.TupleGetItem(parts, 1))
+    return attention(ctx, q, k, v, H, H, Dq, Dv, a["scale"], ctx.shape(node.outputs[0]))
+
+
+def mla_absorbed(ctx: LowerContext, node, q, ckv, krope, w_uk, w_uv, H: int, Dn: int, Dv: int, Dc: int, Dr: int,
+                 scale: float) -> relax.Expr:
+    """scores = [q_nope W_UK | q_rope] . [ckv | krope]; o = softmax(scores) ckv W_UV^T.
+
+    w_uk [H, Dn, Dc], w_uv [H, Dv, Dc]: weight transforms only, lifted out of the call.
+    """
+    B, T = ctx.shape(node.inputs[0])[:2]
+    rows = B * T
+    q_nope, q_rope = (relax.TupleGetItem(ctx.bb.emit(R.split(q, [Dn], axis=3)), i) for i in range(2))
+    q_heads = R.permute_dims(R.reshape(q_nope, relax.ShapeExpr([rows, H, Dn])), [1, 0, 2])  # [H, BT, Dn]
+    q_lat = R.permute_dims(R.matmul(q_heads, w_uk), [1, 0, 2])  # [BT, H, Dc]
+    q_abs = R.concat([R.reshape(q_lat, relax.ShapeExpr([B, T, H, Dc])), q_rope], axis=3)
+    k_abs = R.expand_dims(R.concat([ckv, krope], axis=2), [2])  # [B, S, 1, Dc + Dr]
+    o_lat = attention(ctx, ctx.bb.emit(q_abs), ctx.bb.emit(k_abs), ctx.bb.emit(R.expand_dims(ckv, [2])),
+                      H, 1, Dc + Dr, Dc, scale, [B, T, H, Dc])
+    o_heads = R.permute_dims(R.reshape(o_lat, relax.ShapeExpr([rows, H, Dc])), [1, 0, 2])  # [H, BT, Dc]
+    o = R.matmul(o_heads, R.permute_dims(w_uv, [0, 2, 1]))  # [H, BT, Dv]
+    return R.reshape(R.permute_dims(o, [1, 0, 2]), relax.ShapeExpr([B, T, H, Dv]))
+
+
+def _mla_attention(ctx: LowerContext, node, q, ckv, krope, w_kv_b):
+    mode = ctx.options.get("mla_absorb", "decode")
+    T = ctx.type_of(node.inputs[0]).shape[1]
+    if mode == "never" or (mode == "decode" and T != 1):
+        return _mla_expanded(ctx, node, q, ckv, krope, w_kv_b)
+    a = ctx.attrs(node)
+    H, Dq = _static(ctx, node.inputs[0], 2, 3)
+    (Dr,) = _static(ctx, node.inputs[2], 2)
+    (Dc,) = _static(ctx, node.inputs[1], 2)
+    Dn, Dv = Dq - Dr, a["v_head_dim"]
+    w = R.reshape(w_kv_b, relax.ShapeExpr([H, Dn + Dv, Dc]))
+    w_uk = R.strided_slice(w, [1], [0], [Dn])
+    w_uv = R.strided_slice(w, [1], [Dn], [Dn + Dv])
+    return mla_absorbed(ctx, node, q, ckv, krope, w_uk, w_uv, H, Dn, Dv, Dc, Dr, a["scale"])
+
+
+def _mla_attention_absorbed(ctx: LowerContext, node, q, ckv, krope, w_uk, w_uv):
+    H, Dq = _static(ctx, node.inputs[0], 2, 3)
+    (Dr,) = _static(ctx, node.inputs[2], 2)
+    (Dc,) = _static(ctx, node.inputs[1], 2)
+    (Dv,) = _static(ctx, node.inputs[4], 1)
+    return mla_absorbed(ctx, node, q, ckv, krope, w_uk, w_uv, H, Dq - Dr, Dv, Dc, Dr, ctx.attrs(node)["scale"])
+
+
+def _attn_res_mix(ctx: LowerContext, node, V, w, n):
+    shape = ctx.type_of(node.inputs[0]).shape
+    N, d = static_int(shape[0], "AttnRes candidate count"), static_int(shape[-1], "AttnRes width")
+    eps = ctx.attrs(node)["eps"]
+    gv = ctx.kernel(("attn_res_mix", N, d, eps), lambda: attn_res_mix(N, d, eps), RES_SCHEDULES)
+    rows = _rows(ctx, node.outputs[0])
+    V3 = ctx.bb.emit(R.reshape(V, relax.ShapeExpr([N, rows, d])))
+    (y,) = ctx.call_tir(gv, [V3, w, n], [relax.TensorType([rows, d], "float32")])
+    return R.reshape(y, relax.ShapeExpr(ctx.shape(node.outputs[0])))
+
+
+# ----------------------------------------------------------------------------------- MoE
+
+def _gate_up(ctx: LowerContext, h, w13, idx, E: int, D_: int, I2: int, k: int, N) -> relax.Expr:
+    gv = ctx.kernel(("moe_gate_up", E, D_, I2, k), lambda: moe_gate_up(E, D_, I2, k), GATE_UP_SCHEDULES)
+    w13t = ctx.bb.emit(R.permute_dims(w13, [0, 2, 1]))
+    return ctx.call_tir(gv, [h, w13t, idx], [relax.TensorType([N, k, I2], "float32")])[0]
+
+
+def _down(ctx: LowerContext, a, w2, idx, w, E: int, I: int, Dout: int, k: int, N) -> relax.Expr:
+    gv = ctx.kernel(("moe_down", E, I, Dout, k), lambda: moe_down(E, I, Dout, k), DOWN_SCHEDULES)
+    w2t = ctx.bb.emit(R.permute_dims(w2, [0, 2, 1]))
+    return ctx.call_tir(gv, [a, w2t, idx, w], [relax.TensorType([N, Dout], "float32")])[0]
+
+
+def _moe_gate_up(ctx: LowerContext, node, h, w13, idx):
+    E, I2, D_ = _static(ctx, node.inputs[1], 0, 1, 2)
+    (k,) = _static(ctx, node.inputs[2], 1)
+    return _gate_up(ctx, h, w13, idx, E, D_, I2, k, ctx.shape(node.inputs[0])[0])
+
+
+def _moe_down(ctx: LowerContext, node, a, w2, idx, w):
+    E, Dout, I = _static(ctx, node.inputs[1], 0, 1, 2)
+    (k,) = _static(ctx, node.inputs[2], 1)
+    return _down(ctx, a, w2, idx, w, E, I, Dout, k, ctx.shape(node.inputs[0])[0])
+
+
+def _activation(ctx: LowerContext, x2, rows, I: int, act: str, beta, linear_beta) -> relax.Expr:
+    """The packed SiTU / SiLU-GLU kernel on x2 [rows, 2I] -> [rows, I]."""
+    gv = ctx.kernel(("situ_packed", I, act, beta, linear_beta), lambda: situ(I, act, beta, linear_beta, packed=True))
+    return ctx.call_tir(gv, [x2], [relax.TensorType([rows, I], "float32")])[0]
+
+
+def _moe_experts(ctx: LowerContext, node, h, w13, w2, idx, w):
+    a = ctx.attrs(node)
+    E, I2, D_ = _static(ctx, node.inputs[1], 0, 1, 2)
+    (Dout,) = _static(ctx, node.inputs[2], 1)
+    (k,) = _static(ctx, node.inputs[3], 1)
+    N = ctx.shape(node.inputs[0])[0]
+    gu = _gate_up(ctx, h, w13, idx, E, D_, I2, k, N)
+    gu2 = ctx.bb.emit(R.reshape(gu, relax.ShapeExpr([N * k, I2])))
+    act = _activation(ctx, gu2, N * k, I2 // 2, a["act"], a["beta"], a["linear_beta"])
+    act3 = ctx.bb.emit(R.reshape(act, relax.ShapeExpr([N, k, I2 // 2])))
+    return _down(ctx, act3, w2, idx, w, E, I2 // 2, Dout, k, N)
+
+
+# --------------------------------------------------------------------------- SiTU / MLP
+
+def _situ(ctx: LowerContext, node, gate, up):
+    a = ctx.attrs(node)
+    (I,) = _static(ctx, node.inputs[0], -1)
+    rows = _rows(ctx, node.inputs[0])
+    gv = ctx.kernel(("situ", I, a["beta"], a["linear_beta"]), lambda: situ(I, "situ", a["beta"], a["linear_beta"]))
+    g2, u2 = (ctx.bb.emit(R.reshape(x, relax.ShapeExpr([rows, I]))) for x in (gate, up))
+    (y,) = ctx.call_tir(gv, [g2, u2], [relax.TensorType([rows, I], "float32")])
+    return R.reshape(y, relax.ShapeExpr(ctx.shape(node.outputs[0])))
+
+
+def _gated_mlp(ctx: LowerContext, node, x, w):
+    a = ctx.attrs(node)
+    I2, D_ = _static(ctx, node.inputs[1], 0, 1)
+    rows = _rows(ctx, node.inputs[0])
+    x2 = R.reshape(x, relax.ShapeExpr([rows, D_]))
+    gu = ctx.bb.emit(R.matmul(x2, R.permute_dims(w, [1, 0])))
+    y = _activation(ctx, gu, rows, I2 // 2, a["act"], a["beta"], a["linear_beta"])
+    return R.reshape(y, relax.ShapeExpr(ctx.shape(node.outputs[0])))
+
+
+KERNEL_LOWERINGS = {
+    "kda": _delta_rule("channel"), "gated_delta_rule": _delta_rule("head"), "delta_rule": _delta_rule("none"),
+    "linear_attention": _linear_attention, "short_conv": _short_conv,
+    "causal_attention": _causal_attention, "mla_attention": _mla_attention,
+    "mla_attention_absorbed": _mla_attention_absorbed, "attn_res_mix": _attn_res_mix,
+    "moe_gate_up": _moe_gate_up, "moe_down": _moe_down, "moe_experts": _moe_experts,
+    "situ": _situ, "gated_mlp": _gated_mlp,
+}

@@ -1,0 +1,182 @@
+"""Lowerings of the standard IR ops to Relax operators (`relax.op.*`), one small rule per op.
+
+Relax legalizes these to TensorIR, fuses neighbours, and the schedule rules of schedules.py
+give the fused functions their loops. Weights of `linear` are transposed by a separate
+`permute_dims`, which the build lifts out into the one-time parameter transform.
+"""
+
+from __future__ import annotations
+
+import sympy
+from tvm import relax
+
+from ...ir import dims as D
+from .context import DTYPES, LowerContext
+
+R = relax.op
+
+
+def _unary(fn):
+    return lambda ctx, node, x: fn(x)
+
+
+def _binary(fn):
+    return lambda ctx, node, a, b: fn(a, b)
+
+
+def _const(ctx: LowerContext, node, *, value=None, dtype=None):
+    a = ctx.attrs(node)
+    return relax.const(a["value"] if value is None else value, DTYPES[a["dtype"] if dtype is None else dtype])
+
+
+def _scalar(ctx: LowerContext, value, like: str) -> relax.Constant:
+    return relax.const(value, DTYPES[ctx.type_of(like).dtype])
+
+
+def _softplus(ctx, node, x):
+    a = ctx.attrs(node)
+    return R.nn.softplus(x, a["beta"], a["threshold"])
+
+
+def _elu(ctx, node, x):
+    alpha = ctx.attrs(node)["alpha"]
+    zero, one = _scalar(ctx, 0.0, node.inputs[0]), _scalar(ctx, 1.0, node.inputs[0])
+    neg = R.multiply(_scalar(ctx, alpha, node.inputs[0]), R.subtract(R.exp(R.minimum(x, zero)), one))
+    return R.where(R.greater(x, zero), x, neg)
+
+
+def _gelu(ctx, node, x):
+    return R.nn.gelu_tanh(x) if ctx.attrs(node)["approximate"] == "tanh" else R.nn.gelu(x)
+
+
+def _pow(ctx, node, a, b):
+    producer = ctx.producer(node.inputs[1])
+    if producer is not None and producer.op == "const" and producer.attrs.get("value") == 2.0:
+        return R.multiply(a, a)
+    return R.power(a, b)
+
+
+def _cast(ctx, node, x):
+    return R.astype(x, DTYPES[ctx.attrs(node)["dtype"]])
+
+
+def _full(ctx, node):
+    a = ctx.attrs(node)
+    return R.full(relax.ShapeExpr(ctx.dims.shape(a["shape"])), relax.const(a["value"], DTYPES[a["dtype"]]),
+                  DTYPES[a["dtype"]])
+
+
+def _arange(ctx, node):
+    a = ctx.attrs(node)
+    return R.arange(ctx.dims.expr(a["start"]), ctx.dims.expr(a["end"]), 1, DTYPES[a["dtype"]])
+
+
+def _reshape(ctx, node, x):
+    return R.reshape(x, relax.ShapeExpr(ctx.shape(node.outputs[0])))
+
+
+def _permute(ctx, node, x):
+    return R.permute_dims(x, list(ctx.attrs(node)["perm"]))
+
+
+def _axis(ctx, node, dim: int) -> int:
+    return dim % max(ctx.type_of(node.inputs[0]).rank, 1)
+
+
+def _slice(ctx, node, x):
+    a = ctx.attrs(node)
+    axis = _axis(ctx, node, a["dim"])
+    n = ctx.type_of(node.inputs[0]).shape[axis]
+    end = a["end"]
+    if isinstance(end, int) and (end >= 2**62 or (isinstance(n, int) and end > n)):
+        end = n
+    return R.strided_slice(x, [axis], [ctx.dims.expr(a["start"])], [ctx.dims.expr(end)], [a["step"]],
+                           assume_inbound=True)
+
+
+def _concat(ctx, node, *xs):
+    return R.concat(list(xs), axis=_axis(ctx, node, ctx.attrs(node)["dim"]))
+
+
+def _stack(ctx, node, *xs):
+    rank = ctx.type_of(node.inputs[0]).rank
+    return R.stack(list(xs), axis=ctx.attrs(node)["dim"] % (rank + 1))
+
+
+def _split(ctx, node, x):
+    a = ctx.attrs(node)
+    axis = _axis(ctx, node, a["dim"])
+    cuts, acc = [], sympy.Integer(0)
+    for s in a["sizes"][:-1]:
+        acc = acc + sympy.sympify(s)
+        cuts.append(ctx.dims.expr(D.normalize(acc)))
+    parts = ctx.bb.emit(R.split(x, cuts, axis=axis))
+    return [relax.TupleGetItem(parts, i) for i in range(len(a["sizes"]))]
+
+
+def _expand(ctx, node, x):
+    return R.broadcast_to(x, relax.ShapeExpr(ctx.shape(node.outputs[0])))
+
+
+def _reduce(fn):
+    def rule(ctx, node, x):
+        a = ctx.attrs(node)
+        rank = ctx.type_of(node.inputs[0]).rank
+        return fn(x, axis=sorted({d % rank for d in a["dims"]}), keepdims=a["keepdim"])
+
+    return rule
+
+
+def _linear(ctx, node, x, w, b=None):
+    y = R.matmul(x, R.permute_dims(w, [1, 0]))
+    return y if b is None else R.add(y, b)
+
+
+def _embedding(ctx, node, w, ids):
+    return R.take(w, ids, axis=0, mode="clip")  # the runner rejects ids out of range first
+
+
+def _ones(ctx, value: str, dtype: str):
+    n = ctx.type_of(value).shape[-1]
+    return R.ones(relax.ShapeExpr([ctx.dims.expr(n)]), dtype)
+
+
+def _rms_norm(ctx, node, x, w=None):
+    t = ctx.type_of(node.inputs[0])
+    w = _ones(ctx, node.inputs[0], DTYPES[t.dtype]) if w is None else w
+    return R.nn.rms_norm(x, w, axes=[-1], epsilon=ctx.attrs(node)["eps"])
+
+
+def _layer_norm(ctx, node, x, w=None, b=None):
+    t = ctx.type_of(node.inputs[0])
+    w = _ones(ctx, node.inputs[0], DTYPES[t.dtype]) if w is None else w
+    b = R.zeros(relax.ShapeExpr([ctx.dims.expr(t.shape[-1])]), DTYPES[t.dtype]) if b is None else b
+    return R.nn.layer_norm(x, w, b, axes=[-1], epsilon=ctx.attrs(node)["eps"])
+
+
+def _topk(ctx, node, x):
+    a = ctx.attrs(node)
+    out = ctx.bb.emit(R.topk(x, a["k"], axis=a["dim"], ret_type="both", largest=True, dtype="int64"))
+    return [relax.TupleGetItem(out, 0), relax.TupleGetItem(out, 1)]
+
+
+def _gather(ctx, node, x, idx):
+    return R.gather_elements(x, idx, axis=_axis(ctx, node, ctx.attrs(node)["dim"]))
+
+
+RELAX_LOWERINGS = {
+    "neg": _unary(R.negative), "exp": _unary(R.exp), "log": _unary(R.log), "sqrt": _unary(R.sqrt),
+    "rsqrt": _unary(R.rsqrt), "abs": _unary(R.abs), "sigmoid": _unary(R.sigmoid), "tanh": _unary(R.tanh),
+    "relu": _unary(R.nn.relu), "silu": _unary(R.nn.silu), "softplus": _softplus, "elu": _elu, "gelu": _gelu,
+    "reciprocal": lambda ctx, node, x: R.divide(_scalar(ctx, 1.0, node.inputs[0]), x),
+    "add": _binary(R.add), "sub": _binary(R.subtract), "mul": _binary(R.multiply), "div": _binary(R.divide),
+    "maximum": _binary(R.maximum), "minimum": _binary(R.minimum), "pow": _pow,
+    "less": _binary(R.less), "greater": _binary(R.greater), "where": lambda ctx, node, c, a, b: R.where(c, a, b),
+    "const": lambda ctx, node: _const(ctx, node), "cast": _cast, "full": _full, "arange": _arange,
+    "reshape": _reshape, "permute": _permute, "slice": _slice, "concat": _concat, "stack": _stack,
+    "split": _split, "expand": _expand,
+    "reduce_sum": _reduce(R.sum), "reduce_mean": _reduce(R.mean), "reduce_max": _reduce(R.max),
+    "softmax": lambda ctx, node, x: R.nn.softmax(x, axis=ctx.attrs(node)["dim"]),
+    "linear": _linear, "matmul": _binary(R.matmul), "embedding": _embedding,
+    "rms_norm": _rms_norm, "layer_norm": _layer_norm, "topk": _topk, "gather": _gather,
+}

@@ -1,0 +1,97 @@
+"""The recurrent delta rule as a TensorIR kernel: KDA, the gated delta rule and DeltaNet.
+
+    for t:  S = decay_t[:, None] * S;  S += beta_t k_t (v_t - k_t^T S)^T;  o_t = scale q_t^T S
+
+One block per (batch, head) keeps its state S [K, V] in local memory and walks the T steps:
+that is the decode step (T = 1) and, for a prefill that was not chunked, the whole sequence.
+Every statement is a loop over the value columns j (column j of S only ever meets column j),
+which run as one vector on llvm and as one thread each on cuda (`inner_loop`).
+
+The decay is passed as `decay = exp(g)` (computed once outside), [B, T, H, KD] with KD = K per
+channel (KDA) or 1 per head (gated delta rule); gate "none" (DeltaNet) never reads it.
+Schedules: llvm runs the (batch, head) blocks in parallel; cuda gives each a thread block.
+"""
+
+from __future__ import annotations
+
+from tvm import s_tir, tirx
+from tvm.script import tirx as T
+
+from ...common.tvm import inner_loop
+
+GATES = ("channel", "head", "none")
+
+
+def delta_recurrent(H: int, K: int, V: int, gate: str, scale: float, target: str = "llvm") -> tirx.PrimFunc:
+    """q, k [B, L, H, K], v [B, L, H, V], decay [B, L, H, KD], beta [B, L, H], s0 [B, H, K, V]
+    -> o [B, L, H, V], s1 [B, H, K, V]; all float32."""
+    if gate not in GATES:
+        raise ValueError(f"gate must be one of {GATES}, got {gate!r}")
+    KD = K if gate == "channel" else 1
+    per_channel = 1 if gate == "channel" else 0
+    decayed = gate != "none"
+    scale = float(scale)
+    cols = inner_loop(target)
+
+    @T.prim_func(s_tir=True)
+    def kernel(q_h: T.handle, k_h: T.handle, v_h: T.handle, decay_h: T.handle, beta_h: T.handle,
+               s0_h: T.handle, o_h: T.handle, s1_h: T.handle):
+        T.func_attr({"tirx.noalias": True})
+        B, L = T.int64(), T.int64()
+        q = T.match_buffer(q_h, (B, L, H, K), "float32")
+        k = T.match_buffer(k_h, (B, L, H, K), "float32")
+        v = T.match_buffer(v_h, (B, L, H, V), "float32")
+        decay = T.match_buffer(decay_h, (B, L, H, KD), "float32")
+        beta = T.match_buffer(beta_h, (B, L, H), "float32")
+        s0 = T.match_buffer(s0_h, (B, H, K, V), "float32")
+        o = T.match_buffer(o_h, (B, L, H, V), "float32")
+        s1 = T.match_buffer(s1_h, (B, H, K, V), "float32")
+        for b, h in T.grid(B, H):
+            with T.sblock("head"):
+                vb, vh = T.axis.remap("SS", [b, h])
+                T.reads(q[vb, 0:L, vh, 0:K], k[vb, 0:L, vh, 0:K], v[vb, 0:L, vh, 0:V],
+                        decay[vb, 0:L, vh, 0:KD], beta[vb, 0:L, vh], s0[vb, vh, 0:K, 0:V])
+                T.writes(o[vb, 0:L, vh, 0:V], s1[vb, vh, 0:K, 0:V])
+                S = T.alloc_buffer((K, V), "float32", scope="local")
+                u = T.alloc_buffer((V,), "float32", scope="local")  # k^T S, then the write
+                r = T.alloc_buffer((V,), "float32", scope="local")  # q^T S
+                for i in range(K):
+                    for j in cols(V):
+                        S[i, j] = s0[vb, vh, i, j]
+                for t in range(L):
+                    for j in cols(V):
+                        u[j] = T.float32(0)
+                        r[j] = T.float32(0)
+                    for i in range(K):
+                        for j in cols(V):
+                            if decayed:
+                                S[i, j] = S[i, j] * decay[vb, t, vh, i * per_channel]
+                            u[j] = u[j] + k[vb, t, vh, i] * S[i, j]
+                    for j in cols(V):
+                        u[j] = beta[vb, t, vh] * (v[vb, t, vh, j] - u[j])
+                    for i in range(K):
+                        for j in cols(V):
+                            S[i, j] = S[i, j] + k[vb, t, vh, i] * u[j]
+                            r[j] = r[j] + q[vb, t, vh, i] * S[i, j]
+                    for j in cols(V):
+                        o[vb, t, vh, j] = r[j] * T.float32(scale)
+                for i in range(K):
+                    for j in cols(V):
+                        s1[vb, vh, i, j] = S[i, j]
+
+    return kernel
+
+
+def schedule_llvm(sch: s_tir.Schedule, block: str = "head") -> None:
+    """The (batch, head) blocks in parallel."""
+    b, h = sch.get_loops(sch.get_sblock(block))
+    sch.parallel(sch.fuse(b, h))
+
+
+def schedule_cuda(sch: s_tir.Schedule, block: str = "head") -> None:
+    """A thread block per (batch, head)."""
+    b, h = sch.get_loops(sch.get_sblock(block))
+    sch.bind(sch.fuse(b, h), "blockIdx.x")
+
+
+SCHEDULES = {"llvm": schedule_llvm, "cuda": schedule_cuda}

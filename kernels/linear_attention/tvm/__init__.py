@@ -1,0 +1,1 @@
+"""TensorIR kernel of normalised linear attention for the TVM backend (recurrent.py)."""

@@ -13,7 +13,18 @@ from ..ir import Graph
 from . import chunk_delta_rule, constant_fold, cse, dce, fold_latent_moe, fuse_situ  # noqa: F401  (register)
 from .builder import Builder
 from .cost import COST_AT, Cost, graph_cost
-from .manager import PASSES, PassReport, PassVerifyError, Rule, apply_rules, format_report, register_pass, rule_pass
+from .manager import (
+    PASSES,
+    PassReport,
+    PassVerifyError,
+    Rule,
+    apply_rules,
+    check_steps,
+    format_report,
+    register_pass,
+    rule_pass,
+    run_pipeline,
+)
 from .pattern import Alt, Any, Const, Match, Op, Product, Weight, maybe_cast
 
 PIPELINES: dict[str, list[str]] = {
@@ -24,6 +35,21 @@ PIPELINES: dict[str, list[str]] = {
 }
 
 
+def steps_of(pipeline: str | list[str]) -> list:
+    """The steps of a pipeline name in PIPELINES, or of a list of pass names."""
+    if isinstance(pipeline, str):
+        if pipeline not in PIPELINES:
+            raise ValueError(f"unknown pipeline {pipeline!r}; known: {', '.join(PIPELINES)}")
+        return list(PIPELINES[pipeline])
+    return list(pipeline)
+
+
+def check_pipeline(pipeline: str | list[str], *, stop_after: str | None = None,
+                   dump_after: str | None = None) -> None:
+    """Raise ValueError (one line) for an unknown pipeline, pass or option, or a stage not in it."""
+    check_steps(steps_of(pipeline), stop_after, dump_after)
+
+
 def run(graph: Graph, pipeline: str | list[str] = "default", *, verify_each: bool = True,
         stop_after: str | None = None, dump_after: str | None = None, report: list | None = None) -> Graph:
     """Run a pipeline (a name in PIPELINES or a list of pass names) on a copy of `graph`.
@@ -32,18 +58,10 @@ def run(graph: Graph, pipeline: str | list[str] = "default", *, verify_each: boo
     report: a list that receives one PassReport per pass (sites per rule, node count,
     estimated FLOPs and bytes before/after at COST_AT, time). The input is never modified.
     """
-    if isinstance(pipeline, str):
-        if pipeline not in PIPELINES:
-            raise ValueError(f"unknown pipeline {pipeline!r}; known: {', '.join(PIPELINES)}")
-        steps = PIPELINES[pipeline]
-    else:
-        steps = list(pipeline)
-    from .manager import run_pipeline
-
-    return run_pipeline(graph, steps, verify_each=verify_each, stop_after=stop_after, dump_after=dump_after,
-                        report=report)
+    return run_pipeline(graph, steps_of(pipeline), verify_each=verify_each, stop_after=stop_after,
+                        dump_after=dump_after, report=report)
 
 
-__all__ = ["run", "PIPELINES", "PASSES", "register_pass", "rule_pass", "apply_rules", "Rule", "Builder", "Match",
-           "Op", "Any", "Const", "Weight", "Alt", "Product", "maybe_cast", "PassReport", "PassVerifyError",
-           "format_report", "COST_AT", "Cost", "graph_cost"]
+__all__ = ["run", "check_pipeline", "PIPELINES", "PASSES", "register_pass", "rule_pass", "apply_rules", "Rule",
+           "Builder", "Match", "Op", "Any", "Const", "Weight", "Alt", "Product", "maybe_cast", "PassReport",
+           "PassVerifyError", "format_report", "COST_AT", "Cost", "graph_cost"]

@@ -73,12 +73,13 @@ def fold_constants(graph: Graph) -> Counter:
         replace_outputs(graph, node, new)
         remove_dead(graph, [node])
         for i, (old, v) in enumerate(zip(node.outputs, new)):
-            if not graph.is_weight(v) and old not in graph.types:  # a const keeps the folded value's name
+            if v in graph.types and not graph.is_weight(v) and old not in graph.types:  # a const keeps the name
                 rename_value(graph, v, old)
                 new[i] = old
         producers = graph.producers()
         for v in new:
-            values[v] = graph.weights[v] if graph.is_weight(v) else run_node(producers[v], [], {})[0]
+            if v in graph.types:
+                values[v] = graph.weights[v] if graph.is_weight(v) else run_node(producers[v], [], {})[0]
         sites["fold-weights" if any(graph.is_weight(v) for v in new) else "fold-consts"] += 1
     return sites
 

@@ -15,7 +15,7 @@ def node_key(graph: Graph, node) -> tuple:
     if node.op in family("commutative"):
         inputs = tuple(sorted(inputs))
     attrs = tuple(sorted((k, repr(v)) for k, v in OPS[node.op].full_attrs(node.attrs).items()))
-    return node.op, inputs, attrs, tuple(str(graph.types[o]) for o in node.outputs)
+    return node.op, inputs, attrs, tuple((graph.types[o].dtype, graph.types[o].shape) for o in node.outputs)
 
 
 @register_pass("cse")

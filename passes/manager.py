@@ -111,18 +111,17 @@ def replace_outputs(graph: Graph, node: Node, values: list[str]) -> None:
 def remove_dead(graph: Graph, candidates) -> set[int]:
     """Remove the candidate nodes (and `const` nodes) that nothing uses any more; returns their ids."""
     cand = {id(n) for n in candidates}
+    uses = Counter(i for n in graph.nodes for i in n.inputs)
+    uses.update(graph.output_values)
     removed: set[int] = set()
-    while True:
-        used = set(graph.output_values)
-        for n in graph.nodes:
-            used.update(n.inputs)
-        dead = {id(n) for n in graph.nodes
-                if (id(n) in cand or n.op == "const") and not any(o in used for o in n.outputs)}
-        if not dead:
-            break
-        graph.nodes = [n for n in graph.nodes if id(n) not in dead]
-        removed |= dead
-    graph.prune_types()
+    for n in reversed(graph.nodes):  # consumers first: a removed user frees its producers
+        if (id(n) in cand or n.op == "const") and not any(uses[o] for o in n.outputs):
+            removed.add(id(n))
+            uses.subtract(n.inputs)
+            for o in n.outputs:
+                graph.types.pop(o, None)
+    if removed:
+        graph.nodes = [n for n in graph.nodes if id(n) not in removed]
     return removed
 
 
@@ -224,7 +223,7 @@ class PassReport:
 
     def __str__(self) -> str:
         rules = ", ".join(f"{k} {v}" for k, v in self.sites.items()) or "no change"
-        return (f"{self.name:<18} {self.total_sites:>4} sites  nodes {self.nodes_before:>5} -> {self.nodes_after:<5}"
+        return (f"{self.name:<20} {self.total_sites:>4} sites  nodes {self.nodes_before:>5} -> {self.nodes_after:<5}"
                 f" GFLOP {self.flops_before / 1e9:9.3f} -> {self.flops_after / 1e9:<9.3f}"
                 f" MB {self.bytes_before / 1e6:9.1f} -> {self.bytes_after / 1e6:<9.1f}"
                 f" {self.seconds * 1e3:7.1f} ms  ({rules})")
@@ -250,13 +249,19 @@ class PassVerifyError(VerifyError):
         self.rule, self.node, self.pass_name = err.rule, err.node, pass_name
 
 
-def run_pipeline(graph: Graph, steps: list, *, verify_each: bool = True, stop_after: str | None = None,
-                 dump_after: str | None = None, report: list | None = None, out=None) -> Graph:
+def check_steps(steps: list, stop_after: str | None = None, dump_after: str | None = None) -> list[tuple[str, dict]]:
+    """Parse and check a pipeline's steps before anything runs; a ValueError says what is wrong."""
     parsed = [parse_step(s) for s in steps]
     names = [n for n, _ in parsed]
     for what, want in (("stop_after", stop_after), ("dump_after", dump_after)):
         if want is not None and want not in names:
             raise ValueError(f"{what}: pass {want!r} is not in the pipeline ({', '.join(names) or 'empty'})")
+    return parsed
+
+
+def run_pipeline(graph: Graph, steps: list, *, verify_each: bool = True, stop_after: str | None = None,
+                 dump_after: str | None = None, report: list | None = None, out=None) -> Graph:
+    parsed = check_steps(steps, stop_after, dump_after)
     g = graph.copy()
     if verify_each:
         verify(g)

@@ -34,9 +34,10 @@ def _example_ids(model, batch: int = 2, seq_len: int = 16):
 def _capture_for_cli(args: argparse.Namespace):
     from . import capture, models, passes
 
+    pipeline = "default" if (args.after or args.dump_after) and args.pipeline == "none" else args.pipeline
+    passes.check_pipeline(pipeline, stop_after=args.after, dump_after=args.dump_after)  # before a slow capture
     model = models.build(args.model)
     graph = capture(model, (_example_ids(model),), entry=args.entry)
-    pipeline = "default" if (args.after or args.dump_after) and args.pipeline == "none" else args.pipeline
     if pipeline != "none":
         report = [] if args.report else None
         graph = passes.run(graph, pipeline, stop_after=args.after, dump_after=args.dump_after,

@@ -55,12 +55,13 @@ class CompiledModel:
 
 def compile(model: torch.nn.Module, backend: str, example_inputs: tuple, out_dir: str | Path | None = None,
             passes: str | list[str] = "default", *, dynamic: bool = True, verbose: bool = False,
-            **options) -> CompiledModel:
+            pass_options: dict | None = None, **options) -> CompiledModel:
     """Compile `model` for `backend` ("reference", "onnx", "tvm", "triton").
 
     Writes the artifact to `out_dir` (a new temporary folder when None) and returns a
     callable backed by it. An op the backend cannot lower is an UnsupportedNodeError that
-    names every such node, the backend and the model line.
+    names every such node, the backend and the model line. `pass_options` go to
+    `k3c.passes.run` (verify_each, dump_after, report).
     """
     from . import passes as passes_mod
 
@@ -72,7 +73,7 @@ def compile(model: torch.nn.Module, backend: str, example_inputs: tuple, out_dir
     graphs = capture_entries(model, example_inputs, dynamic)
     timings["capture"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    graphs = {e: passes_mod.run(g, passes) for e, g in graphs.items()}
+    graphs = {e: passes_mod.run(g, passes, **(pass_options or {})) for e, g in graphs.items()}
     timings["passes"] = time.perf_counter() - t0
     for g in graphs.values():
         backends.check_supported(be, g)

@@ -123,12 +123,16 @@ class Lowering:
     def run(self) -> onnx.GraphProto:
         g = self.graph
         out_names = self._plan_outputs()
-        from .ort import ORT
+        from .ort import ORT, plan_groups
 
-        for node in g.nodes:
+        groups = plan_groups(self) if self.flavour == "ort" else {}
+        for i, node in enumerate(g.nodes):
             before = len(self.b.nodes)
             mapping = ORT.get(node.op) if self.flavour == "ort" else None
-            if mapping is not None and mapping.applies(self, node)[0]:
+            if i in groups:
+                if groups[i] is not None:
+                    groups[i](self)
+            elif mapping is not None and mapping.applies(self, node)[0]:
                 mapping.emit(self, node)
             elif node.op in STANDARD:
                 STANDARD[node.op](self, node)
@@ -136,9 +140,10 @@ class Lowering:
                 CUSTOM[node.op](self, node)
             else:
                 raise LoweringError(f"op {node.op!r} has no ONNX lowering ({node.describe()})")
-            for n in self.b.nodes[before:]:
+            for n in _walk(self.b.nodes[before:]):
                 if n.domain in (DOMAIN, MS_DOMAIN) or n.op_type in ("RMSNormalization", "Attention"):
-                    self.report[(node.op, f"{n.domain or 'ai.onnx'}::{n.op_type}")] += 1
+                    what = "chunk_prepare+chunk_state_scan+chunk_output" if i in groups else node.op
+                    self.report[(what, f"{n.domain or 'ai.onnx'}::{n.op_type}")] += 1
         for (_, value), name in zip(g.outputs, out_names):
             if self.x(value) != name:
                 self.b.Identity(self.x(value), outputs=[name])
@@ -163,6 +168,15 @@ class Lowering:
             if v not in self.names and v in reserved:
                 self.names[v] = f"{v}.value"
         return names
+
+
+def _walk(nodes):
+    """Nodes and the nodes of their subgraphs (If branches, Loop and Scan bodies)."""
+    for n in nodes:
+        yield n
+        for a in n.attribute:
+            if a.type == onnx.AttributeProto.GRAPH:
+                yield from _walk(a.g.node)
 
 
 def lower_graph(graph: Graph, flavour: str = "portable", chunk_size: int | None = DEFAULT_CHUNK_SIZE,

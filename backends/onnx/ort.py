@@ -68,35 +68,45 @@ def _la_applies(lx, node):
 
 
 def _la_emit(lx, node):
-    b = lx.b
     ins, outs = _io(lx, node)
     _, _, H, K = lx.type(node.inputs[0]).shape
     V = lx.type(node.inputs[2]).shape[3]
-    rule = _RULES[node.op]
-    q, k = _packed(b, ins[0], H * K), _packed(b, ins[1], H * K)
-    common = dict(domain=MS_DOMAIN, q_num_heads=H, kv_num_heads=H, update_rule=rule, scale=float(node.attrs["scale"]))
+    q, k, v = ins[:3]
     if node.op == "linear_attention":
-        # the normaliser z rides as an all-ones value column: [S | z] is one state
-        v, state, z = ins[2], ins[3], ins[4]
-        ones = b.Expand(b.const(1.0), b.Concat(b.Shape(v, end=3), b.ints([1]), axis=0))
-        v1 = _packed(b, b.Concat(v, ones, axis=-1), H * (V + 1))
-        S1 = b.Concat(state, b.unsqueeze(z, -1), axis=-1)
-        o1, S1_out = b.op("LinearAttention", [q, k, v1, S1], 2, **common)
-        o1 = b.Reshape(o1, b.ints([0, 0, H, V + 1]))
-        b.Div(b.Slice(o1, b.ints([0]), b.ints([V]), b.ints([-1])), b.Slice(o1, b.ints([V]), b.ints([V + 1]),
-                                                                           b.ints([-1])), outputs=[outs[0]])
-        b.Slice(S1_out, b.ints([0]), b.ints([V]), b.ints([-1]), outputs=[outs[1]])
-        b.Squeeze(b.Slice(S1_out, b.ints([V]), b.ints([V + 1]), b.ints([-1])), b.ints([-1]), outputs=[outs[2]])
+        _linear_attention_z(lx, q, k, v, ins[3], ins[4], H, K, V, float(node.attrs["scale"]), outs)
         return
-    v = _packed(b, ins[2], H * V)
-    if node.op == "kda":
-        decay, beta, state = _packed(b, ins[3], H * K), ins[4], ins[5]
-    elif node.op == "gated_delta_rule":
-        decay, beta, state = ins[3], ins[4], ins[5]
-    else:
-        decay, beta, state = None, ins[3], ins[4]
-    o, _ = b.op("LinearAttention", [q, k, v, state, decay, beta], [b.fresh("o"), outs[1]], **common)
-    b.Reshape(o, b.ints([0, 0, H, V]), outputs=[outs[0]])
+    decay, beta, state = (ins[3], ins[4], ins[5]) if node.op in ("kda", "gated_delta_rule") else (None, *ins[3:5])
+    linear_attention(lx, q, k, v, decay, beta, state, H, K, V, _RULES[node.op], float(node.attrs["scale"]),
+                     outs[0], outs[1], per_channel=node.op == "kda")
+
+
+def linear_attention(lx, q, k, v, decay, beta, state, H: int, K: int, V: int, rule: str, scale: float,
+                     o_out: str, state_out: str, per_channel: bool = False) -> None:
+    """One com.microsoft::LinearAttention on [B, T, H, *] tensors; the decay is per key
+    channel [B, T, H, K] (KDA) or per head [B, T, H]."""
+    b = lx.b
+    if decay is not None and per_channel:
+        decay = _packed(b, decay, H * K)
+    o, _ = b.op("LinearAttention", [_packed(b, q, H * K), _packed(b, k, H * K), _packed(b, v, H * V), state, decay,
+                                    beta], [b.fresh("o"), state_out], domain=MS_DOMAIN, q_num_heads=H,
+                kv_num_heads=H, update_rule=rule, scale=scale)
+    b.Reshape(o, b.ints([0, 0, H, V]), outputs=[o_out])
+
+
+def _linear_attention_z(lx, q, k, v, state, z, H: int, K: int, V: int, scale: float, outs: list[str]) -> None:
+    """Normalised linear attention: z rides as an all-ones value column, [S | z] is one state."""
+    b = lx.b
+    ones = b.Expand(b.const(1.0), b.Concat(b.Shape(v, end=3), b.ints([1]), axis=0))
+    S1 = b.Concat(state, b.unsqueeze(z, -1), axis=-1)
+    o1, S1_out = b.fresh("o1"), b.fresh("S1")
+    linear_attention(lx, q, k, b.Concat(v, ones, axis=-1), None, None, S1, H, K, V + 1, "linear", scale, o1, S1_out)
+
+    def cols(x, lo, hi):
+        return b.Slice(x, b.ints([lo]), b.ints([hi]), b.ints([-1]))
+    b.Div(cols(o1, 0, V), cols(o1, V, V + 1), outputs=[outs[0]])
+    cols_S = cols(S1_out, 0, V)
+    b.Identity(cols_S, outputs=[outs[1]])
+    b.Squeeze(cols(S1_out, V, V + 1), b.ints([-1]), outputs=[outs[2]])
 
 
 for _op in _RULES:
@@ -290,3 +300,56 @@ NO_KERNEL = {
     "chunk_state_scan": "the chunk pieces have no onnxruntime kernels",
     "chunk_output": "the chunk pieces have no onnxruntime kernels",
 }
+
+
+# ---- a chunked delta rule (chunk_prepare -> chunk_state_scan -> chunk_output) -> LinearAttention
+
+_GATE_RULES = {"channel": "gated_delta", "head": "gated_delta", "none": "delta", "linear": "linear"}
+
+
+def plan_groups(lx) -> dict[int, Callable | None]:
+    """Node groups one kernel runs whole: node index -> its emitter, or None for the other
+    members of the group (lowered with it). Today: the three chunk pieces of one recurrent
+    op, whose intermediates nothing else reads, become one LinearAttention (any T)."""
+    g = lx.graph
+    index = {id(n): i for i, n in enumerate(g.nodes)}
+    producers, users = g.producers(), g.users()
+    outputs = set(g.output_values)
+    plan: dict[int, Callable | None] = {}
+    for scan in g.nodes:
+        if scan.op != "chunk_state_scan":
+            continue
+        prep = producers.get(scan.inputs[0])
+        if prep is None or prep.op != "chunk_prepare":
+            continue
+        qd, kd, w, u, aqk, decay = prep.outputs
+        readers = {id(n) for v in scan.outputs[:2] for n in users.get(v, [])}
+        out = users[scan.outputs[0]][0] if users.get(scan.outputs[0]) else None
+        if (scan.inputs[:4] != [w, u, kd, decay] or out is None or out.op != "chunk_output"
+                or out.inputs != [qd, aqk, scan.outputs[0], scan.outputs[1]] or readers != {id(out)}):
+            continue
+        inner = list(prep.outputs) + scan.outputs[:2]
+        if any(v in outputs for v in inner) or any(
+                {id(n) for n in users.get(v, [])} - {id(scan), id(out)} for v in prep.outputs):
+            continue
+        q, v = (lx.type(x) for x in (prep.inputs[0], prep.inputs[2]))
+        _, T, H, K = q.shape
+        if not _static(H, K, v.shape[3]) or not D.equal(out.attrs["T"], T) or not _f32(lx, prep):
+            continue
+        plan[index[id(prep)]] = None
+        plan[index[id(out)]] = None
+        plan[index[id(scan)]] = _chunk_group_emitter(prep, scan, out)
+    return plan
+
+
+def _chunk_group_emitter(prep: Node, scan: Node, out: Node) -> Callable:
+    def emit(lx) -> None:
+        gate = prep.attrs["gate"]
+        xs = [lx.x(i) for i in prep.inputs]
+        _, _, H, K = lx.type(prep.inputs[0]).shape
+        V = lx.type(prep.inputs[2]).shape[3]
+        beta = xs[3] if gate != "linear" else None
+        decay = xs[4] if gate in ("channel", "head") else None
+        linear_attention(lx, xs[0], xs[1], xs[2], decay, beta, lx.x(scan.inputs[4]), H, K, V, _GATE_RULES[gate],
+                         float(out.attrs["scale"]), lx.out(out, 0), lx.out(scan, 2), per_channel=gate == "channel")
+    return emit

@@ -72,6 +72,7 @@ class OnnxRunner:
             import onnxruntime as ort
 
             opts = ort.SessionOptions()
+            opts.log_severity_level = 3  # errors only
             if self.threads:
                 opts.intra_op_num_threads = self.threads
             path = self.out_dir / self.manifest["entries"][entry]["file"]

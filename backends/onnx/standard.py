@@ -187,12 +187,12 @@ def _softmax(lx, node):
 @lowers("linear")
 def _linear(lx, node):
     """x W^T (+ b): a weight W [out, in] is stored transposed, so this is one MatMul."""
-    ins, (y,) = _io(lx, node)
+    x, y = lx.x(node.inputs[0]), lx.out(node, 0)
     wt = lx.transposed(node.inputs[1])
-    if len(ins) == 3:
-        lx.b.Add(lx.b.MatMul(ins[0], wt), ins[2], outputs=[y])
+    if len(node.inputs) == 3:
+        lx.b.Add(lx.b.MatMul(x, wt), lx.x(node.inputs[2]), outputs=[y])
     else:
-        lx.b.MatMul(ins[0], wt, outputs=[y])
+        lx.b.MatMul(x, wt, outputs=[y])
 
 
 @lowers("embedding")

@@ -1,0 +1,188 @@
+"""The k3c-domain function bodies, one op at a time, against the interpreter (the naive
+references) and, for the portable flavour, through onnx's own reference evaluator.
+
+Shapes are awkward on purpose: head dims 12 and 10, T of 1, 63, 65 and 130 with chunk size
+16 (up to nine chunks), B = 2.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from onnx_cases import (
+    attention_case,
+    attn_res_case,
+    chunk_output_case,
+    chunk_prepare_case,
+    chunk_scan_case,
+    gated_mlp_case,
+    moe_case,
+    recurrent_case,
+    run_ort,
+    run_reference_evaluator,
+    short_conv_case,
+    situ_case,
+)
+
+from k3c.ir import interpret
+from k3c.numerics import assert_close
+
+RECURRENT = ["kda", "gated_delta_rule", "delta_rule", "linear_attention"]
+FLAVOURS = ["portable", "ort"]
+
+
+def check(case, flavour="portable", evaluator=False, **options):
+    want = interpret(case.graph, *case.inputs)
+    got = run_ort(case.graph, case.inputs, flavour, **options)
+    assert len(got) == len(want)
+    for i, (a, b) in enumerate(zip(got, want)):
+        assert_close(a, b, what=f"{case.graph.name} output {i} ({flavour})")
+    if evaluator:
+        for i, (a, b) in enumerate(zip(run_reference_evaluator(case.graph, case.inputs, **options), want)):
+            assert_close(a, b, what=f"{case.graph.name} output {i} (onnx reference evaluator)")
+
+
+@pytest.mark.parametrize("T", [1, 63, 65, 130], ids=lambda t: f"T{t}")
+@pytest.mark.parametrize("op", RECURRENT)
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_recurrent_chunked(op, T, flavour):
+    """Prefill lowering (symbolic T): the chunked body, or LinearAttention in the ort flavour."""
+    check(recurrent_case(op, T=T), flavour, chunk_size=16)
+
+
+@pytest.mark.parametrize("op", RECURRENT)
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_recurrent_scan(op, flavour):
+    """The recurrence itself (a Scan over T), as prefill with chunk_size=None runs it."""
+    check(recurrent_case(op, T=37), flavour, chunk_size=None)
+
+
+@pytest.mark.parametrize("op", RECURRENT)
+def test_recurrent_reference_evaluator(op):
+    check(recurrent_case(op, T=40), evaluator=True, chunk_size=16)
+    check(recurrent_case(op, T=1, static_T=True), evaluator=True)
+
+
+@pytest.mark.parametrize("op", RECURRENT)
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_recurrent_decode_step(op, flavour):
+    """T = 1 static (the decode graph): the recurrent body, one step."""
+    check(recurrent_case(op, T=1, static_T=True), flavour)
+
+
+@pytest.mark.parametrize("op", RECURRENT)
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_recurrent_split_resume(op, flavour):
+    """Run [0:s], carry the state, run [s:T]: equals one call over [0:T]."""
+    T, s = 70, 29
+    full = recurrent_case(op, T=T)
+    n_state = 2 if op == "linear_attention" else 1
+    whole = run_ort(full.graph, full.inputs, flavour, chunk_size=16)
+    seq = len(full.inputs) - n_state
+    first = run_ort(full.graph, [x[:, :s] for x in full.inputs[:seq]] + full.inputs[seq:], flavour, chunk_size=16)
+    second = run_ort(full.graph, [x[:, s:] for x in full.inputs[:seq]] + first[1:], flavour, chunk_size=16)
+    assert_close(torch.cat([first[0], second[0]], 1), whole[0], what="resumed output")
+    for a, b in zip(second[1:], whole[1:]):
+        assert_close(a, b, what="resumed final state")
+
+
+@pytest.mark.parametrize("T", [1, 9], ids=lambda t: f"T{t}")
+@pytest.mark.parametrize("activation", ["silu", "none"])
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_short_conv(activation, T, flavour):
+    check(short_conv_case(activation, T=T), flavour, evaluator=flavour == "portable")
+
+
+def test_short_conv_split_resume():
+    case = short_conv_case("silu", T=11)
+    x, state = case.inputs
+    whole = run_ort(case.graph, case.inputs)
+    a = run_ort(case.graph, [x[:, :4], state])
+    b = run_ort(case.graph, [x[:, 4:], a[1]])
+    assert_close(torch.cat([a[0], b[0]], 1), whole[0], what="resumed conv output")
+    assert_close(b[1], whole[1], what="resumed conv state")
+
+
+@pytest.mark.parametrize("gate", ["channel", "head", "none", "linear"])
+def test_chunk_prepare(gate):
+    check(chunk_prepare_case(gate), evaluator=True)
+
+
+@pytest.mark.parametrize("per_channel", [True, False], ids=["decay-per-channel", "decay-per-head"])
+def test_chunk_state_scan(per_channel):
+    check(chunk_scan_case(per_channel=per_channel), evaluator=True)
+
+
+@pytest.mark.parametrize("T", [40, 48], ids=["T40-padded", "T48-exact"])
+def test_chunk_output(T):
+    check(chunk_output_case(T=T), evaluator=True)
+
+
+@pytest.mark.parametrize("linear_beta", [25.0, None], ids=["capped-up", "identity-up"])
+def test_situ(linear_beta):
+    check(situ_case(linear_beta), evaluator=True)
+
+
+@pytest.mark.parametrize("act,linear_beta", [("situ", 25.0), ("situ", None), ("silu", None)],
+                         ids=["situ", "situ-identity-up", "silu"])
+def test_gated_mlp(act, linear_beta):
+    check(gated_mlp_case(act, linear_beta), evaluator=True)
+
+
+@pytest.mark.parametrize("N", [2, 11], ids=["gather-form", "expert-loop"])
+@pytest.mark.parametrize("op", ["moe_gate_up", "moe_down"])
+def test_moe_pieces(op, N):
+    check(moe_case(op, N), evaluator=True)
+
+
+@pytest.mark.parametrize("N", [2, 11], ids=["gather-form", "expert-loop"])
+@pytest.mark.parametrize("act", ["situ", "silu"])
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_moe_experts(act, N, flavour):
+    check(moe_case("moe_experts", N, act), flavour, evaluator=flavour == "portable")
+
+
+def test_ort_moe_negative_weights_take_the_body():
+    """ORT's MoE takes log(w) as router logits; w < 0 must not go there (an If keeps it exact)."""
+    check(moe_case("moe_experts", 11, "silu", negative_weights=True), "ort")
+
+
+@pytest.mark.parametrize("shape", ["prefill", "decode", "cached-chunk"])
+@pytest.mark.parametrize("op", ["causal_attention", "mla_attention", "mla_attention_absorbed"])
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_attention(op, shape, flavour):
+    T, S = {"prefill": (9, None), "decode": (1, 6), "cached-chunk": (4, 9)}[shape]
+    check(attention_case(op, T, S), flavour, evaluator=flavour == "portable")
+
+
+def test_attn_res_mix():
+    check(attn_res_case(), evaluator=True)
+
+
+ORT_KERNELS = [
+    (lambda: recurrent_case("kda"), "kda", "com.microsoft::LinearAttention"),
+    (lambda: recurrent_case("linear_attention"), "linear_attention", "com.microsoft::LinearAttention"),
+    (lambda: short_conv_case("silu"), "short_conv", "com.microsoft::CausalConvWithState"),
+    (lambda: attention_case("causal_attention", 9), "causal_attention", "ai.onnx::Attention"),
+    (lambda: attention_case("mla_attention_absorbed", 1, 6), "mla_attention_absorbed", "ai.onnx::Attention"),
+    (lambda: moe_case("moe_experts", 11, "silu"), "moe_experts", "com.microsoft::MoE"),
+]
+
+
+@pytest.mark.parametrize("make,op,kernel", ORT_KERNELS, ids=[k[1] for k in ORT_KERNELS])
+def test_ort_flavour_uses_the_kernel(make, op, kernel):
+    """The ort flavour really maps these ops (the portable one keeps k3c-domain bodies)."""
+    from k3c.backends.onnx import lower_graph
+
+    case = make()
+    _, report = lower_graph(case.graph, "ort", chunk_size=16)
+    assert (op, kernel) in report, dict(report)
+    _, report = lower_graph(case.graph, "portable", chunk_size=16)
+    assert all(target.startswith("k3c::") for _, target in report), dict(report)
+
+
+def test_ort_flavour_keeps_situ_experts_as_a_body():
+    from k3c.backends.onnx import lower_graph
+
+    _, report = lower_graph(moe_case("moe_experts", 11, "situ").graph, "ort")
+    assert dict(report) == {("moe_experts", "k3c::moe_experts_situ"): 1}

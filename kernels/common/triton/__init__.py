@@ -37,9 +37,11 @@ def _patch_language_once_per_launch() -> None:
     """Interpreter speed: triton re-patches `triton.language` (an `inspect.getmembers` scan,
     ~10 ms) on every call of a device function such as `tl.sum` or `tl.cumsum`, although the
     launch that runs it has patched the same modules already. Patch once per module set and
-    launch instead; the launch still restores everything when it ends. Only speed changes,
-    and nothing is touched when triton's interpreter does not look as expected."""
+    launch instead; the launch still restores everything when it ends. Only speed changes
+    (and numpy's floating-point warnings go quiet), and nothing is touched when triton's
+    interpreter does not look as expected."""
     try:
+        import numpy
         from triton.runtime import interpreter as itp
 
         grid_call, device_call = itp.GridExecutor.__call__, itp.InterpretedFunction.__call__
@@ -55,7 +57,10 @@ def _patch_language_once_per_launch() -> None:
             launch["patched"] = set()
         launch["depth"] += 1
         try:
-            return grid_call(self, *args, **kwargs)
+            # IEEE results as on a GPU, without numpy's warnings: exp overflowing to inf is meant
+            # (sigmoid(x) = 1 / (1 + exp(-x)) -> 0), and masked-off lanes may hold 0 / 0
+            with numpy.errstate(all="ignore"):
+                return grid_call(self, *args, **kwargs)
         finally:
             launch["depth"] -= 1
 

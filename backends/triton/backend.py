@@ -79,7 +79,7 @@ class TritonBackend:
                     raise ValueError(f"weight {name!r} differs between entries; the artifact stores one copy")
                 weights[name] = t
             (out / f"{entry}.k3c").write_text(print_graph(g))
-        real = {k: v.detach().contiguous() for k, v in weights.items() if not v.is_meta}
+        real = {k: v.detach().cpu().contiguous() for k, v in weights.items() if not v.is_meta}
         if real:
             from safetensors.torch import save_file
 

@@ -34,11 +34,12 @@ def compile_graphs(zoo, name: str, out: Path) -> tuple[torch.nn.Module, Compiled
 
 
 def assert_same_step(got: tuple, expected: tuple, what: str) -> None:
+    """Logits and every state tensor; the compiled side may live on the GPU."""
     (logits, state), (logits_ref, state_ref) = got, expected
-    assert_close(logits, logits_ref, what=f"{what} logits")
+    assert_close(logits.cpu(), logits_ref, what=f"{what} logits")
     assert state.keys() == state_ref.keys()
     for name in state_ref:
-        assert_close(state[name], state_ref[name], what=f"{what} state {name}")
+        assert_close(state[name].cpu(), state_ref[name], what=f"{what} state {name}")
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +101,7 @@ def test_k3c_compile_returns_a_callable(tmp_path):
     ids = example_ids(model, 2, 18)
     compiled = k3c.compile(model, "triton", (ids,), out_dir=tmp_path)
     with torch.no_grad():
-        assert_close(compiled(ids), model(ids), what="logits")
+        assert_close(compiled(ids).cpu(), model(ids), what="logits")
     assert (tmp_path / MODULE_FILE).exists()
 
 

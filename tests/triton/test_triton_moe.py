@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from triton_inputs import DTYPES, LENGTHS, gen, randn
+from triton_inputs import DEVICE, DTYPES, LENGTHS, gen, randn
 
 from k3c.ir import OPS
 from k3c.kernels.moe.naive import moe_down as down_ref
@@ -23,7 +23,7 @@ def routing(N: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Distinct experts per token (as top-k gives), some experts unused when N is small."""
     g = gen(seed)
     idx = torch.stack([torch.randperm(E, generator=g)[:TOP_K] for _ in range(N)])
-    return idx, torch.rand(N, TOP_K, generator=g)
+    return idx.to(DEVICE), torch.rand(N, TOP_K, generator=g).to(DEVICE)
 
 
 def test_sort_by_expert_blocks_hold_one_expert_each():
@@ -34,7 +34,7 @@ def test_sort_by_expert_blocks_hold_one_expert_each():
     seen = []
     for b, e in enumerate(blocks.experts.tolist()):
         real = [p for p in pairs[b].tolist() if p < P]
-        assert all(idx.view(-1)[p] == e for p in real), f"block {b} mixes experts"
+        assert all(idx.view(-1)[p].item() == e for p in real), f"block {b} mixes experts"
         assert e >= 0 or not real
         seen += real
     assert sorted(seen) == list(range(P)), "every (token, slot) pair exactly once"

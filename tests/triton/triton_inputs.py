@@ -1,5 +1,6 @@
 """The one input factory of the Triton tests: seeded tensors shaped like the models feed them,
-at tiny awkward sizes (the interpreter is slow), in the dtype under test.
+at tiny awkward sizes (the interpreter is slow), in the dtype under test, on the device the
+kernels run on (the CPU under TRITON_INTERPRET=1, else the GPU; references run there too).
 
 Delta-rule inputs: q, k l2-normalised over K, beta in (0, 1), log-decays g <= 0 with a spread
 of strengths; K != V unless asked, B = H = 2 so batch and head offsets are exercised.
@@ -12,6 +13,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from k3c.kernels.common.triton import DEVICE
+
 B, H = 2, 2
 LENGTHS = [1, 63, 65]
 HEAD_DIMS = [32, 48]
@@ -23,7 +26,7 @@ def gen(seed: int) -> torch.Generator:
 
 
 def randn(*shape: int, seed: int = 0, scale: float = 1.0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    return (scale * torch.randn(*shape, generator=gen(seed))).to(dtype)
+    return (scale * torch.randn(*shape, generator=gen(seed))).to(DEVICE, dtype)
 
 
 @dataclass
@@ -60,6 +63,6 @@ def delta(T: int, K: int = 32, V: int | None = None, *, gate: str = "channel", d
         shape = (B, T, H, K) if gate == "channel" else (B, T, H)
         g = (-5.0 - 20.0 * torch.rand(*shape, generator=g_)) if strong else \
             F.logsigmoid(2.0 + 2.0 * torch.randn(*shape, generator=g_))
-    state = torch.randn(B, H, K, V, generator=g_)
-    cast = lambda x: None if x is None else x.to(dtype)
+    state = torch.randn(B, H, K, V, generator=g_).to(DEVICE)
+    cast = lambda x: None if x is None else x.to(DEVICE, dtype)
     return Delta(cast(q), cast(k), cast(v), cast(g), cast(beta), state)

@@ -37,20 +37,24 @@ def fused_recurrent_kernel(q, k, v, g, beta, h0, o, ht, scale, s_gb, s_gt, s_gh,
     p_kv = i_bh * K * V + o_k[:, None] * V + o_v[None, :]
 
     b_S = tl.load(h0 + p_kv, mask=m_kv, other=0.).to(tl.float32)
+    p_q = q + i_b * T * H * K + i_h * K + o_k  # step t: + t * H * K
+    p_k = k + i_b * T * H * K + i_h * K + o_k
+    p_v = v + i_b * T * H * V + i_h * V + o_v
+    p_o = o + i_b * T * H * V + i_h * V + o_v
+    p_g = g + i_b * s_gb + i_h * s_gh + o_k * s_gk
+    p_beta = beta + i_b * s_bb + i_h * s_bh
     for t in range(T):
-        p_qk = (i_b * T + t) * H * K + i_h * K + o_k
-        p_v = (i_b * T + t) * H * V + i_h * V + o_v
-        b_q = tl.load(q + p_qk, mask=m_k, other=0.).to(tl.float32)
-        b_k = tl.load(k + p_qk, mask=m_k, other=0.).to(tl.float32)
-        b_v = tl.load(v + p_v, mask=m_v, other=0.).to(tl.float32)
-        b_g = tl.load(g + i_b * s_gb + t * s_gt + i_h * s_gh + o_k * s_gk, mask=m_k, other=0.).to(tl.float32)
+        b_q = tl.load(p_q + t * H * K, mask=m_k, other=0.).to(tl.float32)
+        b_k = tl.load(p_k + t * H * K, mask=m_k, other=0.).to(tl.float32)
+        b_v = tl.load(p_v + t * H * V, mask=m_v, other=0.).to(tl.float32)
+        b_g = tl.load(p_g + t * s_gt, mask=m_k, other=0.).to(tl.float32)
         b_S = b_S * tl.exp(b_g)[:, None]
         if DELTA:
-            b_beta = tl.load(beta + i_b * s_bb + t * s_bt + i_h * s_bh).to(tl.float32)
+            b_beta = tl.load(p_beta + t * s_bt).to(tl.float32)
             b_v = b_beta * (b_v - tl.sum(b_k[:, None] * b_S, axis=0))
         b_S += b_k[:, None] * b_v[None, :]
         b_o = scale * tl.sum(b_q[:, None] * b_S, axis=0)
-        tl.store(o + p_v, b_o.to(o.dtype.element_ty), mask=m_v)
+        tl.store(p_o + t * H * V, b_o.to(o.dtype.element_ty), mask=m_v)
     tl.store(ht + p_kv, b_S, mask=m_kv)
 
 

@@ -1,0 +1,197 @@
+"""The Triton backend on a CUDA GPU (H100/H200 class): KDA chunked prefill against fla and the
+torch chunked reference, and k3-small prefill against eager and torch.compile.
+
+    python benchmarks/bench_triton_gpu.py [--only kda|model] [--json FILE]
+        [--T 8192] [--model-T 4096] [--peak-tflops F] [--peak-tf32-tflops F] [--peak-gbps F]
+
+1. KDA forward, bf16 inputs, B = 1, T = 8192, H = 16, K = V = 128 (fp32 state): k3c's three
+   Triton pieces (and each piece alone), fla's `chunk_kda`, k3c's torch chunked reference.
+   Achieved TFLOP/s and GB/s use one work model for every implementation (the FLOPs of the
+   chunked algorithm, the bytes of reading q, k, v, g, beta once and writing o once) and are
+   set against the GPU's peak (a table of datasheet figures, or the --peak-* flags).
+2. k3-small prefill, T = 4096, B = 1: eager, torch.compile (compile time apart) and the model
+   compiled by k3c for Triton; the logits of each are checked against eager.
+
+Timing: triton.testing.do_bench (CUDA events, warm-up, median). Nothing is asserted; the
+target is k3c within 1.25x of fla's chunk_kda, and ahead of torch.compile end to end.
+Run on an otherwise idle GPU; record the printed tables in BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+# datasheet peaks (dense): bf16 tensor-core TFLOP/s, tf32 TFLOP/s, HBM GB/s
+PEAKS = {"H200": (989.0, 494.7, 4800.0), "H100 SXM": (989.0, 494.7, 3350.0), "H100 PCIe": (756.0, 378.0, 2000.0),
+         "H100": (989.0, 494.7, 3350.0), "A100": (312.0, 156.0, 2039.0)}
+
+
+def peaks(args) -> tuple[float, float, float, str]:
+    name = torch.cuda.get_device_name()
+    found = next(((k, v) for k, v in PEAKS.items() if k.replace(" ", "").lower() in name.replace(" ", "").lower()),
+                 (None, (float("nan"),) * 3))
+    bf16, tf32, gbps = found[1]
+    bf16 = args.peak_tflops or bf16
+    tf32 = args.peak_tf32_tflops or tf32
+    gbps = args.peak_gbps or gbps
+    return bf16, tf32, gbps, name
+
+
+def bench_ms(fn) -> float:
+    import triton.testing
+
+    return float(triton.testing.do_bench(fn, warmup=25, rep=200))
+
+
+def kda_work(B: int, T: int, H: int, K: int, V: int, C: int = 64) -> tuple[float, float]:
+    """(FLOPs, bytes) of chunked KDA forward. Per chunk and head: scores q k^T and k k^T
+    (2 * 2C^2K), WY w = A (k exp G) and u = A v (2C^2K + 2C^2V), scan w S and k^T v_new
+    (4CKV), output (q exp G) S and Aqk v_new (2CKV + 2C^2V). Bytes: bf16 q, k, g [K], v [V],
+    beta read once, bf16 o written once."""
+    NC = -(-T // C)
+    per_chunk = 4 * C * C * K + 2 * C * C * K + 2 * C * C * V + 4 * C * K * V + 2 * C * K * V + 2 * C * C * V
+    flops = float(per_chunk) * NC * B * H
+    nbytes = 2.0 * B * T * H * (3 * K + V + 1) + 2.0 * B * T * H * V
+    return flops, nbytes
+
+
+def kda_inputs(B, T, H, K, V, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    r = lambda *s: torch.randn(*s, device="cuda", generator=g)
+    q, k = F.normalize(r(B, T, H, K), dim=-1), F.normalize(r(B, T, H, K), dim=-1)
+    gate = -5.0 * torch.sigmoid(r(B, T, H, K))
+    beta = torch.sigmoid(r(B, T, H))
+    return tuple(x.to(torch.bfloat16) for x in (q, k, r(B, T, H, V), gate, beta))
+
+
+def rel_rms(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()
+    return float((a - b).pow(2).mean().sqrt() / b.pow(2).mean().sqrt())
+
+
+def bench_kda(args) -> dict:
+    from k3c.kernels.kda.chunk import chunk_kda as torch_chunk_kda
+    from k3c.kernels.kda.triton import chunk_kda, chunk_output, chunk_prepare, chunk_state_scan
+
+    B, T, H, K, V = 1, args.T, 16, 128, 128
+    scale = K**-0.5
+    q, k, v, g, beta = kda_inputs(B, T, H, K, V)
+    flops, nbytes = kda_work(B, T, H, K, V)
+    bf16_peak, tf32_peak, gbps_peak, device = peaks(args)
+    rows, outputs = {}, {}
+
+    torch.set_float32_matmul_precision("high")  # tf32 dots inside k3c's fp32 chunk pieces
+    run_k3c = lambda: chunk_kda(q, k, v, g, beta, scale=scale)
+    outputs["k3c triton"] = run_k3c()
+    rows["k3c triton"] = bench_ms(run_k3c)
+    pieces = chunk_prepare(q, k, v, beta, g, 64, "channel")
+    q_dec, k_dec, w, u, aqk, decay = pieces
+    scanned = chunk_state_scan(w, u, k_dec, decay, None)
+    rows["  (a) chunk_prepare"] = bench_ms(lambda: chunk_prepare(q, k, v, beta, g, 64, "channel"))
+    rows["  (b) chunk_state_scan"] = bench_ms(lambda: chunk_state_scan(w, u, k_dec, decay, None))
+    rows["  (c) chunk_output"] = bench_ms(lambda: chunk_output(q_dec, aqk, scanned[0], scanned[1], scale, T,
+                                                               torch.bfloat16))
+    try:
+        from fla.ops.kda import chunk_kda as fla_chunk_kda
+
+        run_fla = lambda: fla_chunk_kda(q, k, v, g, beta, scale=scale, output_final_state=True)
+        outputs["fla chunk_kda"] = run_fla()
+        rows["fla chunk_kda"] = bench_ms(run_fla)
+    except Exception as e:  # fla missing or its kernels unsupported here: report, go on
+        print(f"fla chunk_kda unavailable: {type(e).__name__}: {e}", file=sys.stderr)
+    torch.set_float32_matmul_precision("highest")
+    run_torch = lambda: torch_chunk_kda(q.float(), k.float(), v.float(), g.float(), beta.float(), scale=scale)
+    outputs["torch chunked reference"] = run_torch()
+    rows["torch chunked reference"] = bench_ms(run_torch)
+
+    o_ref, S_ref = outputs["torch chunked reference"]
+    print(f"\nKDA chunked prefill forward, bf16 inputs, B={B} T={T} H={H} K={K} V={V} on {device}")
+    print(f"work model: {flops / 1e9:.1f} GFLOP, {nbytes / 1e6:.0f} MB; peaks: {bf16_peak} bf16 / {tf32_peak} tf32 "
+          f"TFLOP/s, {gbps_peak} GB/s")
+    print("| implementation | ms | TFLOP/s | % bf16 peak | % tf32 peak | GB/s | % HBM peak | vs fla "
+          "| o rel rms vs torch |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    fla_ms = rows.get("fla chunk_kda")
+    result = {"device": device, "shape": dict(B=B, T=T, H=H, K=K, V=V), "gflop": flops / 1e9,
+              "mbytes": nbytes / 1e6, "rows": {}}
+    for name, ms in rows.items():
+        tflops, gbps = flops / ms / 1e9, nbytes / ms / 1e6
+        if name.startswith("  "):  # one piece of k3c's: time only
+            print(f"| {name} | {ms:.3f} | | | | | | | |")
+            result["rows"][name.strip()] = {"ms": ms}
+            continue
+        err = rel_rms(outputs[name][0].float(), o_ref)
+        ratio = f"{ms / fla_ms:.2f}x" if fla_ms else "-"
+        print(f"| {name} | {ms:.3f} | {tflops:.1f} | {100 * tflops / bf16_peak:.1f} | {100 * tflops / tf32_peak:.1f} | "
+              f"{gbps:.0f} | {100 * gbps / gbps_peak:.1f} | {ratio} | {err:.1e} |")
+        result["rows"][name] = {"ms": ms, "tflops": tflops, "gbps": gbps, "o_rel_rms_vs_torch": err}
+    return result
+
+
+def bench_model(args) -> dict:
+    import k3c
+
+    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.model_dtype]
+    torch.set_float32_matmul_precision("high")
+    model = k3c.models.build("k3-small").to("cuda", dtype).eval()
+    ids = torch.randint(0, model.config.vocab_size, (1, args.model_T), generator=torch.Generator().manual_seed(0))
+    ids = ids.cuda()
+    rows, compile_s = {}, {}
+    with torch.no_grad():
+        ref = model.prefill(ids)[0].float()
+        rows["eager"] = bench_ms(lambda: model.prefill(ids))
+        t0 = time.perf_counter()
+        compiled_tc = torch.compile(model.prefill)
+        out_tc = compiled_tc(ids)[0].float()
+        compile_s["torch.compile"] = time.perf_counter() - t0
+        rows["torch.compile"] = bench_ms(lambda: compiled_tc(ids))
+        t0 = time.perf_counter()
+        compiled = k3c.compile(model, "triton", (ids[:, :64],))
+        out_k3c = compiled.prefill(ids)[0].float()
+        compile_s["k3c triton"] = time.perf_counter() - t0
+        rows["k3c triton"] = bench_ms(lambda: compiled.prefill(ids))
+    errs = {"eager": 0.0, "torch.compile": rel_rms(out_tc, ref), "k3c triton": rel_rms(out_k3c, ref)}
+    print(f"\nk3-small prefill, {args.model_dtype}, B=1 T={args.model_T} on {torch.cuda.get_device_name()}")
+    print("| runner | ms | vs eager | vs torch.compile | compile s | logits rel rms vs eager |")
+    print("|---|---|---|---|---|---|")
+    for name, ms in rows.items():
+        print(f"| {name} | {ms:.2f} | {rows['eager'] / ms:.2f}x | {rows['torch.compile'] / ms:.2f}x | "
+              f"{compile_s.get(name, 0.0):.1f} | {errs[name]:.1e} |")
+    return {"model": "k3-small", "T": args.model_T, "dtype": args.model_dtype,
+            "rows": {n: {"ms": ms, "compile_s": compile_s.get(n), "logits_rel_rms_vs_eager": errs[n]}
+                     for n, ms in rows.items()}}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--only", choices=["kda", "model"])
+    p.add_argument("--T", type=int, default=8192, help="KDA length (default 8192)")
+    p.add_argument("--model-T", type=int, default=4096, help="k3-small prefill length (default 4096)")
+    p.add_argument("--model-dtype", choices=["bf16", "fp32"], default="bf16")
+    p.add_argument("--peak-tflops", type=float, help="bf16 dense peak of this GPU (default: datasheet table)")
+    p.add_argument("--peak-tf32-tflops", type=float, help="tf32 dense peak of this GPU")
+    p.add_argument("--peak-gbps", type=float, help="memory bandwidth peak of this GPU")
+    p.add_argument("--json", help="also write the figures to this file")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench_triton_gpu: needs a CUDA GPU (the Triton kernels run compiled there)", file=sys.stderr)
+        return 2
+    out = {}
+    if args.only in (None, "kda"):
+        out["kda"] = bench_kda(args)
+    if args.only in (None, "model"):
+        out["k3_small"] = bench_model(args)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

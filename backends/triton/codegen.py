@@ -27,7 +27,7 @@ from .lowering import LOWERINGS
 TORCH_DTYPES = {name: str(dt) for name, dt in DTYPES.items()}  # "f32" -> "torch.float32"
 # Names the generated module defines or imports: values are renamed away from them.
 RESERVED = {"W", "dev", "rt", "F", "torch", "tl", "triton", "forward", "ENTRIES", "tanh", "situ", "gated_mlp",
-            "short_conv", "rms_norm", "gated_rmsnorm", "chunk_prepare", "chunk_state_scan", "chunk_output",
+            "short_conv", "rms_norm", "gated_rmsnorm", "l2norm", "chunk_prepare", "chunk_state_scan", "chunk_output",
             "causal_attention", "mla_attention", "mla_attention_absorbed", "attn_res_mix", "moe_gate_up",
             "moe_down", "moe_experts", "prefill", "decode"}
 
@@ -187,6 +187,9 @@ class EntryWriter:
             gate = self.val(step.sigmoid.inputs[0])
             eps = self.attr(step.norm, "eps")
             return [f"{self.lhs(step.mul)} = {fn}({x}, {w}, {gate}, {eps})" + _where(step.mul)]
+        if isinstance(step, fusion.L2Norm):
+            fn = self.use("k3c.kernels.gated_rmsnorm.triton", "l2norm")
+            return [f"{self.lhs(step.mul)} = {fn}({self.val(step.x)}, {step.eps!r})" + _where(step.mul)]
         name, broadcast = self.module.kernel(step, self.graph, self.consts)
         out = self.graph.types[step.root.outputs[0]]
         args = ", ".join(self.val(v) for v in step.inputs)

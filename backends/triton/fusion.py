@@ -2,6 +2,7 @@
 
     Single(node)          one node, lowered by the table in lowering.py (a template or torch)
     GatedNorm(nodes)      rms_norm(x, w) * sigmoid(gate) -> one gated RMSNorm kernel
+    L2Norm(nodes)         x * rsqrt(sum(x^2, -1) + eps) -> one row-norm kernel
     Group(nodes)          a tree of elementwise nodes -> one generated kernel (elementwise.py)
 
 Groups grow backwards from a root: a producer joins when it is elementwise and every user
@@ -35,7 +36,18 @@ class GatedNorm:
         return [self.norm, self.sigmoid, self.mul]
 
 
-Step = Single | GatedNorm | Group
+@dataclass
+class L2Norm:
+    x: str  # the normalised value
+    eps: float
+    nodes: list[Node]  # pow, reduce_sum, add, rsqrt, mul: the last is the step's result
+
+    @property
+    def mul(self) -> Node:
+        return self.nodes[-1]
+
+
+Step = Single | GatedNorm | L2Norm | Group
 
 
 def constants(graph: Graph) -> dict[str, float]:
@@ -55,10 +67,10 @@ def plan(graph: Graph) -> list[Step]:
         """Only nodes of the step read `value`, and the graph does not return it."""
         return value not in outputs and all(id(u) in step_nodes for u in users.get(value, []))
 
-    for node in reversed(graph.nodes):  # pattern first: the gated norm
+    for node in reversed(graph.nodes):  # patterns first: the gated norm, l2norm
         if id(node) in taken or node.op != "mul":
             continue
-        step = _gated_norm(node, producer, graph, private)
+        step = _gated_norm(node, producer, graph, private) or _l2norm(node, producer, graph, consts, private)
         if step is not None:
             for n in step.nodes:
                 taken[id(n)] = step
@@ -106,11 +118,12 @@ def plan(graph: Graph) -> list[Step]:
 
 
 def _result(step: Step) -> Node:
-    return step.mul if isinstance(step, GatedNorm) else step.root
+    return step.mul if isinstance(step, (GatedNorm, L2Norm)) else step.root
 
 
 def _read_outside_groups(node: Node, users: dict, taken: dict) -> bool:
-    return any(not isinstance(taken.get(id(u)), Group) for u in users.get(node.outputs[0], []))
+    """Whether a node that is no fused step reads the constant (fused steps inline it)."""
+    return any(id(u) not in taken for u in users.get(node.outputs[0], []))
 
 
 def _gated_norm(mul: Node, producer: dict, graph: Graph, private) -> GatedNorm | None:
@@ -129,3 +142,26 @@ def _gated_norm(mul: Node, producer: dict, graph: Graph, private) -> GatedNorm |
     if not (private(a.outputs[0], nodes) and private(b.outputs[0], nodes)):
         return None
     return GatedNorm(a, b, mul)
+
+
+def _l2norm(mul: Node, producer: dict, graph: Graph, consts: dict, private) -> L2Norm | None:
+    """mul(x, rsqrt(add(reduce_sum(pow(x, 2), [-1], keepdim), eps))), operands in either order."""
+    for x, r in (mul.inputs, reversed(mul.inputs)):
+        rsqrt = producer.get(r)
+        add = producer.get(rsqrt.inputs[0]) if rsqrt is not None and rsqrt.op == "rsqrt" else None
+        if add is None or add.op != "add":
+            continue
+        total, eps = add.inputs if add.inputs[1] in consts else tuple(reversed(add.inputs))
+        red = producer.get(total)
+        if eps not in consts or red is None or red.op != "reduce_sum" or not red.attrs.get("keepdim"):
+            continue
+        rank = graph.types[x].rank
+        sq = producer.get(red.inputs[0])
+        if ([d % rank for d in red.attrs["dims"]] != [rank - 1] or sq is None or sq.op != "pow"
+                or sq.inputs[0] != x or consts.get(sq.inputs[1]) != 2.0):
+            continue
+        nodes = [sq, red, add, rsqrt, mul]
+        ids = {id(n) for n in nodes}
+        if all(private(n.outputs[0], ids) for n in nodes[:-1]) and graph.types[mul.outputs[0]].same_as(graph.types[x]):
+            return L2Norm(x, consts[eps], nodes)
+    return None

@@ -376,3 +376,27 @@ def test_dims_print_as_integer_python(expr, code):
     env = {"B": 3, "T": 130, "P": 7}
     assert eval(code, {}, env) == ir.dims.evaluate(d, env)
     assert isinstance(sympy.sympify(d), sympy.Basic)
+
+
+L2NORM = """
+graph l2 {
+  dim B in [1, inf]
+  dim T in [1, inf]
+  input %x: f32[B, T, 2, 48]
+  %two: f32[] = const() {value=2.0, dtype="f32"}
+  %eps: f32[] = const() {value=1e-06, dtype="f32"}
+  %sq: f32[B, T, 2, 48] = pow(%x, %two)
+  %s: f32[B, T, 2, 1] = reduce_sum(%sq) {dims=[3], keepdim=true}
+  %a: f32[B, T, 2, 1] = add(%s, %eps)
+  %r: f32[B, T, 2, 1] = rsqrt(%a)
+  %y: f32[B, T, 2, 48] = mul(%x, %r)
+  output y = %y
+}
+"""
+
+
+def test_the_l2norm_chain_is_one_row_norm_kernel(tmp_path):
+    x = torch.randn(2, 65, 2, 48, generator=gen(0))
+    source = assert_matches_interpreter(graph_of(L2NORM), [x], tmp_path)
+    assert "y = l2norm(x, 1e-06)" in source
+    assert "@triton.jit" not in source and "torch.tensor(" not in source

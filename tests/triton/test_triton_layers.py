@@ -12,7 +12,7 @@ from triton_inputs import DTYPES, HEAD_DIMS, LENGTHS, B, randn
 from k3c.kernels.attn_res.naive import attn_res_mix as attn_res_ref
 from k3c.kernels.attn_res.triton import attn_res_mix
 from k3c.kernels.gated_rmsnorm.naive import gated_rmsnorm as gated_rmsnorm_ref
-from k3c.kernels.gated_rmsnorm.triton import gated_rmsnorm, rms_norm
+from k3c.kernels.gated_rmsnorm.triton import gated_rmsnorm, l2norm, rms_norm
 from k3c.kernels.short_conv.naive import naive_short_conv
 from k3c.kernels.short_conv.triton import short_conv
 from k3c.kernels.situ.naive import silu_glu
@@ -97,3 +97,12 @@ def test_attn_res_mix(T, D, dtype, N):
     V = randn(N, B, T, D, scale=3.0, dtype=dtype)
     w, n = randn(D, seed=1), randn(D, seed=2)
     assert_close(attn_res_mix(V, w, n, 1e-5), attn_res_ref(V, w, n, 1e-5), what="attn_res_mix")
+
+
+@dtypes
+@widths
+def test_l2norm(D, dtype):
+    from k3c.kernels.kda.gate import l2norm as l2norm_ref
+
+    x = randn(B, 65, 2, D, scale=3.0, dtype=dtype)
+    assert_close(l2norm(x, 1e-6), l2norm_ref(x, 1e-6).to(dtype), what="l2norm")

@@ -1,9 +1,11 @@
-"""RMSNorm over the last dim in Triton, optionally weighted and gated:
+"""Row norms over the last dim in Triton: RMSNorm, optionally weighted and gated, and l2norm.
 
-    y = x / sqrt(mean(x^2) + eps) * w * sigmoid(gate)        fp32 inside, x's dtype out
+    rms_norm:  y = x / sqrt(mean(x^2) + eps) * w * sigmoid(gate)     fp32 inside, x's dtype out
+    l2norm:    y = x / sqrt(sum(x^2) + eps)
 
 One program normalises BR rows of width D (a [BR, BD] block, BD the power of two >= D).
-The gated form is KDA's output norm; without the gate it is the model's RMSNorm.
+The gated form is KDA's output norm; without the gate it is the model's RMSNorm; l2norm is
+what KDA and DeltaNet apply to q and k.
 """
 
 from __future__ import annotations
@@ -23,14 +25,17 @@ def _rows_per_program() -> list[triton.Config]:
 @autotune(configs=_rows_per_program(), key=["D"])
 @triton.jit
 def rmsnorm_kernel(x, w, gate, y, R, eps, D: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr,
-                   HAS_W: tl.constexpr, HAS_GATE: tl.constexpr):
+                   HAS_W: tl.constexpr, HAS_GATE: tl.constexpr, MEAN: tl.constexpr):
     o_r = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
     o_d = tl.arange(0, BD)
     m_r, m_d = o_r < R, o_d < D
     m = m_r[:, None] & m_d[None, :]
     p = o_r[:, None] * D + o_d[None, :]
     b_x = tl.load(x + p, mask=m, other=0.).to(tl.float32)
-    b_y = b_x * tl.rsqrt(tl.sum(b_x * b_x, axis=1) / D + eps)[:, None]
+    b_ss = tl.sum(b_x * b_x, axis=1)
+    if MEAN:
+        b_ss = b_ss / D
+    b_y = b_x * tl.rsqrt(b_ss + eps)[:, None]
     if HAS_W:
         b_y = b_y * tl.load(w + o_d, mask=m_d, other=0.).to(tl.float32)[None, :]
     if HAS_GATE:
@@ -39,8 +44,9 @@ def rmsnorm_kernel(x, w, gate, y, R, eps, D: tl.constexpr, BD: tl.constexpr, BR:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, gate: torch.Tensor | None = None,
-             out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """rmsnorm(x) * weight [* sigmoid(gate)] over the last dim; x, gate [..., D], weight [D]."""
+             out_dtype: torch.dtype | None = None, mean: bool = True) -> torch.Tensor:
+    """rmsnorm(x) * weight [* sigmoid(gate)] over the last dim; x, gate [..., D], weight [D].
+    mean=False divides by sqrt(sum(x^2) + eps) instead (see l2norm)."""
     check_device("rms_norm", x, weight, gate)
     D = x.shape[-1]
     if weight is not None and tuple(weight.shape) != (D,):
@@ -52,8 +58,14 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, gate: tor
     R = x.numel() // max(D, 1)
     grid = lambda meta: (triton.cdiv(R, meta["BR"]),)
     rmsnorm_kernel[grid](x, weight if weight is not None else x, gate.contiguous() if gate is not None else x, y, R,
-                         float(eps), D=D, BD=block(D, 1), HAS_W=weight is not None, HAS_GATE=gate is not None)
+                         float(eps), D=D, BD=block(D, 1), HAS_W=weight is not None, HAS_GATE=gate is not None,
+                         MEAN=mean)
     return y
+
+
+def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """x / sqrt(sum(x^2) + eps) over the last dim, as `k3c.kernels.kda.gate.l2norm` (x's dtype)."""
+    return rms_norm(x, None, eps, mean=False)
 
 
 def gated_rmsnorm(x: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import tempfile
 import time
 from pathlib import Path
@@ -75,6 +76,10 @@ def compile(model: torch.nn.Module, backend: str, example_inputs: tuple, out_dir
     t0 = time.perf_counter()
     graphs = {e: passes_mod.run(g, passes, **(pass_options or {})) for e, g in graphs.items()}
     timings["passes"] = time.perf_counter() - t0
+    for g in graphs.values():  # what the artifact came from, for backends that record it (onnx)
+        g.meta.setdefault("pipeline", passes)
+        if dataclasses.is_dataclass(getattr(model, "config", None)):
+            g.meta.setdefault("config", dataclasses.asdict(model.config))
     for g in graphs.values():
         backends.check_supported(be, g)
     out = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix=f"k3c-{backend}-"))

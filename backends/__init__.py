@@ -8,7 +8,13 @@ from __future__ import annotations
 
 import importlib
 
+from ..kernels.common import triton_mode
 from .base import Backend, Runner, UnsupportedNodeError, check_supported
+
+try:  # before torch.export imports triton while capturing: see kernels/common/triton_mode.py
+    triton_mode.choose()
+except ImportError:  # triton was imported first; the Triton backend says so if it is used
+    pass
 
 # name -> "module:attribute" of the backend object's class
 _REGISTRY = {

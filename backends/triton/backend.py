@@ -34,11 +34,14 @@ class TritonRunner:
         self.module, self.entries, self.weights, self.device = module, entries, weights, device
 
     def run(self, entry: str, *inputs: torch.Tensor) -> list[torch.Tensor]:
+        """Outputs in the graph's order, on the device of the inputs (CPU inputs on a GPU
+        machine run on the GPU and come back; CUDA inputs stay there, state included)."""
         if entry not in self.entries:
             raise KeyError(f"the Triton artifact has no entry {entry!r}; it has {', '.join(self.entries)}")
         bind_dims(self.entries[entry], inputs)  # an InputError names an input that does not fit
-        inputs = [x.to(self.device) for x in inputs]
-        return self.module.forward(entry, inputs, self.weights)
+        home = inputs[0].device if inputs else torch.device(self.device)
+        outs = self.module.forward(entry, [x.to(self.device) for x in inputs], self.weights)
+        return outs if home.type == torch.device(self.device).type else [o.to(home) for o in outs]
 
 
 class TritonBackend:

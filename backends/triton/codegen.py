@@ -92,7 +92,7 @@ class ModuleWriter:
         out.append("\n# ---- entries\n")
         for f in self.functions:
             out.append("\n" + f + "\n")
-        out.append("\nENTRIES = {" + ", ".join(f"{e!r}: {_ident(e)}" for e in self.entries) + "}\n")
+        out.append("\nENTRIES = {" + ", ".join(f"{e!r}: {entry_function(e)}" for e in self.entries) + "}\n")
         out.append('''
 
 def forward(entry, inputs, weights):
@@ -159,7 +159,7 @@ class EntryWriter:
         params = ", ".join(["W"] + [self.names[i] for i in g.inputs])
         outs = [k for k, _ in g.outputs]
         shown = ", ".join(outs[:3]) + (f" and {len(outs) - 3} more" if len(outs) > 3 else "")
-        lines = [f"def {_ident(self.entry)}({params}):", f'    """{g.name}: returns {shown}"""']
+        lines = [f"def {entry_function(self.entry)}({params}):", f'    """{g.name}: returns {shown}"""']
         if g.inputs:
             lines.append(f"    dev = {self.names[g.inputs[0]]}.device")
         lines += ["    " + s for s in self._bind_dims()]
@@ -196,6 +196,13 @@ class EntryWriter:
         launch = "rt.broadcast" if broadcast else "rt.elementwise"
         return [f"{self.lhs(step.root)} = {launch}({name}, {self.shape(out.shape)}, "
                 f"{self.torch_dtype(out.dtype)}{', ' + args if args else ''})" + _where(step.root)]
+
+
+def entry_function(entry: str) -> str:
+    """The name of an entry's function: the entry's own (prefill, decode), unless the module
+    already uses it (a `forward` entry becomes forward_entry)."""
+    name = _ident(entry)
+    return name + "_entry" if name in RESERVED - {"prefill", "decode"} or re.fullmatch(r"ew[0-9]+", name) else name
 
 
 def _where(node: Node) -> str:

@@ -362,7 +362,10 @@ def test_loading_a_folder_without_an_artifact_says_so(tmp_path):
 
 def test_the_generated_source_is_deterministic():
     g = graph_of(ELEMENTWISE)
-    assert generate_module({"forward": g}, "t") == generate_module({"forward": g.copy()}, "t")
+    source = generate_module({"forward": g}, "t")
+    assert source == generate_module({"forward": g.copy()}, "t")
+    assert "def forward_entry(W, x, s):" in source, "an entry named forward keeps the dispatcher's name free"
+    assert "ENTRIES = {'forward': forward_entry}" in source
 
 
 @pytest.mark.parametrize("expr, code", [

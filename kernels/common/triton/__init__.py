@@ -1,13 +1,12 @@
 """What every Triton template of k3c shares: the execution mode, the device its tensors live
 on, the autotune wrapper and the precision of fp32 dots.
 
-Import this module before `triton` (every template does). It decides the mode once per
-process, before any `@triton.jit` runs (triton reads `TRITON_INTERPRET` when a kernel is
-decorated):
+Import this module before `triton` (every template does); the mode is decided once per
+process (../triton_mode.py, also called at `import k3c`), before any `@triton.jit` runs:
 
 - `TRITON_INTERPRET=1` in the environment: the interpreter (numpy on the CPU);
-- `TRITON_INTERPRET` unset and no CUDA device: the interpreter as well (this module sets the
-  variable, so the same kernel source runs everywhere);
+- `TRITON_INTERPRET` unset and no CUDA device: the interpreter as well (the variable is set
+  for the process, so the same kernel source runs everywhere);
 - otherwise compiled for the GPU; tensors must then be CUDA tensors.
 
 Under the interpreter `tl.dot` is exact fp32, bf16 dots are wrong (templates cast to fp32
@@ -16,20 +15,14 @@ first), programs run one after another (races cannot show) and it is slow: keep 
 
 from __future__ import annotations
 
-import os
-import sys
-
 import torch
 
-if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
-    if "triton" in sys.modules:  # its language functions are already compiled-mode objects
-        raise ImportError("triton was imported before k3c could set TRITON_INTERPRET=1 on this machine without "
-                          "CUDA; set TRITON_INTERPRET=1 in the environment, or import k3c's Triton kernels first")
-    os.environ["TRITON_INTERPRET"] = "1"
+from ..triton_mode import choose
+
+INTERPRET: bool = choose()  # before triton is imported: see ../triton_mode.py
 
 import triton  # noqa: E402  (after the mode is decided)
 
-INTERPRET: bool = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
 DEVICE: str = "cpu" if INTERPRET else "cuda"
 
 

@@ -63,20 +63,25 @@ def fuse_gated_rms_norm(graph: ir.Graph):
 # 4. Run it and check it.
 
 
-def main() -> None:
-    model = k3c.models.build("k3-tiny")
-    ids = torch.randint(0, model.config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
-    graph = k3c.capture(model, (ids,))
+def check(graph: ir.Graph, T: int = 24) -> int:
+    """Run default + the new pass on a captured k3-tiny prefill graph; check it; return the sites."""
     report: list = []
     fused = passes.run(graph, passes.PIPELINES["default"] + ["fuse-gated-rms-norm"], report=report)
     print(passes.format_report(report))
     sites = report[-1].sites.get("gated-rms-norm", 0)
     assert sites == graph.op_counts()["kda"], f"expected one fused norm per KDA layer, got {sites}"
 
-    x = torch.randint(0, model.config.vocab_size, (2, 24), generator=torch.Generator().manual_seed(1))
+    x = torch.randint(0, 1024, (2, T), generator=torch.Generator().manual_seed(1))
     for (name, _), want, got in zip(graph.outputs, ir.interpret(graph, x), ir.interpret(fused, x)):
         assert_close(got, want, what=name)
-    print(f"fuse-gated-rms-norm: {sites} sites on k3-tiny; interpreter before == after (T = 24)")
+    print(f"fuse-gated-rms-norm: {sites} sites on k3-tiny; interpreter before == after (T = {T})")
+    return sites
+
+
+def main() -> None:
+    model = k3c.models.build("k3-tiny")
+    ids = torch.randint(0, model.config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
+    check(k3c.capture(model, (ids,)))
 
 
 if __name__ == "__main__":

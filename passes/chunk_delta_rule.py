@@ -13,7 +13,8 @@ so S and z share one scan, and o is the ratio of the two parts of the output:
     v1 = concat(v, 1);  S1 = concat(S, z)  ->  o1, S1' as above  ->  o = o1[..., :V] / o1[..., V:]
 
 Padding T up to a multiple of C is inside chunk_prepare (zeros) and chunk_output (cut back
-to T), so any T works. Decode graphs (meta entry "decode", T = 1) keep the recurrent form.
+to T), so any T works. Decode graphs (meta entry "decode", or T the constant 1) keep the
+recurrent form.
 Option: chunk_size (default 64).
 """
 
@@ -75,9 +76,16 @@ def _linear_attention(chunk_size: int):
     return rewrite
 
 
+def _many_tokens(m: Match) -> bool:
+    """A graph whose T is the constant 1 is a decode step whatever its entry: nothing to chunk."""
+    return m.ctx.type(m.root.inputs[0]).shape[1] != 1
+
+
 def rules(chunk_size: int = 64) -> list[Rule]:
-    return [Rule("chunk-" + op.replace("_", "-"), Op(op, any_inputs=True), _delta(chunk_size)) for op in GATES] + \
-        [Rule("chunk-linear-attention", Op("linear_attention", any_inputs=True), _linear_attention(chunk_size))]
+    return [Rule("chunk-" + op.replace("_", "-"), Op(op, any_inputs=True), _delta(chunk_size), where=_many_tokens)
+            for op in GATES] + \
+        [Rule("chunk-linear-attention", Op("linear_attention", any_inputs=True), _linear_attention(chunk_size),
+              where=_many_tokens)]
 
 
 @register_pass("chunk-delta-rule", chunk_size=64)

@@ -134,6 +134,12 @@ def test_decode_graphs_keep_the_recurrent_form(op):
     assert sites == {} and str(out) == str(g)
 
 
+def test_a_single_token_graph_is_not_chunked_whatever_its_entry():
+    text = _delta_graph("kda", entry="decode").replace('"decode"', '"forward"')
+    _, sites = run_pass(graph_of(text), "chunk-delta-rule")
+    assert sites == {}
+
+
 def test_default_chunk_size_is_64():
     out, _ = run_pass(graph_of(_delta_graph("kda")), "chunk-delta-rule")
     assert "chunk_size=64" in str(out) and "ceiling(T/64)" in str(out)

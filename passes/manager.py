@@ -19,7 +19,7 @@ from ..ir import Graph, Node, VerifyError, verify
 from ..ir.text import parse_value, split_top
 from . import cost as C
 from .builder import Builder
-from .pattern import Context, Match, Op, match
+from .pattern import Context, Match, Op, Product, match
 
 # ------------------------------------------------------------------------- rules
 
@@ -31,7 +31,7 @@ class Rule:
     (one value, or a list for a multi-output root), or None to leave the site alone."""
 
     name: str
-    pattern: Op
+    pattern: Op | Product
     rewrite: Callable[[Match, Builder], str | list[str] | None]
     where: Callable[[Match], bool] | None = None
 
@@ -84,8 +84,8 @@ def _keep_names(graph: Graph, matched, values: list[str], created: list[Node]) -
              if after in made and made[after].op == root.op]
     gone = {o for n in matched for o in n.outputs if o not in graph.types}
     for n in created:
-        if len(n.outputs) == 1 and "_" in n.outputs[0]:
-            base = n.outputs[0].rsplit("_", 1)[0]
+        base, _, number = n.outputs[0].rpartition("_")
+        if len(n.outputs) == 1 and number.isdigit():  # a fresh name: `base` was taken when it was made
             if base in gone:
                 pairs.append((base, n.outputs[0]))
     for before, after in pairs:

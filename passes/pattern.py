@@ -21,7 +21,7 @@ import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from ..ir import Graph, Node, TensorType, family
+from ..ir import OPS, Graph, Node, TensorType, family
 
 
 @dataclass
@@ -169,11 +169,8 @@ class Op(Pattern):
     def match_node(self, node: Node, ctx: Context, st: _State | None) -> Iterator[_State]:
         if st is None:
             return
-        if self.where is not None:
-            from ..ir import OPS
-
-            if not self.where(OPS[node.op].full_attrs(node.attrs)):
-                return
+        if self.where is not None and not self.where(OPS[node.op].full_attrs(node.attrs)):
+            return
         st = st.with_node(node)
         if self.inputs is None:
             yield st

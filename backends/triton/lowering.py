@@ -87,6 +87,12 @@ def _call(fn: str, module: str | None = None, attrs: tuple[str, ...] = (), kw: t
     return lower
 
 
+def _layer_norm(n: Node, cg) -> str:
+    x, *params = [cg.val(i) for i in n.inputs]
+    w, b = (params + ["None", "None"])[:2]
+    return f"{cg.lhs(n)} = F.layer_norm({x}, ({cg.dim(cg.last_dim(n))},), {w}, {b}, {cg.attr(n, 'eps')})"
+
+
 def _gated_mlp(n: Node, cg) -> str:
     fn = cg.use("k3c.kernels.situ.triton", "gated_mlp")
     x, w = (cg.val(i) for i in n.inputs)
@@ -131,9 +137,7 @@ LOWERINGS: dict[str, Callable] = {
                            f"dim={n.attrs.get('dim', -1)})"),
     "gather": lambda n, cg: (f"{cg.lhs(n)} = torch.gather({cg.val(n.inputs[0])}, {n.attrs['dim']}, "
                              f"{cg.val(n.inputs[1])})"),
-    "layer_norm": lambda n, cg: (f"{cg.lhs(n)} = F.layer_norm({cg.val(n.inputs[0])}, ({cg.dim(cg.last_dim(n))},), "
-                                 + ", ".join([cg.val(i) for i in n.inputs[1:]] + ["None"] * (3 - len(n.inputs)))
-                                 + f", {cg.attr(n, 'eps')})"),
+    "layer_norm": _layer_norm,
     # Triton templates
     "rms_norm": lambda n, cg: (f"{cg.lhs(n)} = {cg.use('k3c.kernels.gated_rmsnorm.triton', 'rms_norm')}("
                                f"{cg.val(n.inputs[0])}, {cg.val(n.inputs[1]) if len(n.inputs) > 1 else 'None'}, "

@@ -6,13 +6,17 @@ with zero rows (k = v = g = beta = 0 there, so nothing leaks into the state):
 
   chunk_decay_kernel    G = cumsum(g) in the chunk; q exp(G), k exp(G_last - G), exp(G_last),
                         and beta k exp(G) for the WY transform
-  chunk_scores_kernel   per [BC, BC] sub-block pair (i >= j) of the chunk:
+  chunk_scores_kernel   the masked, decayed scores of the chunk:
                           L[i, j]   = beta_i sum_d k_i k_j exp(G_i - G_j)     j < i
                           Aqk[i, j] = sum_d q_i k_j exp(G_i - G_j)            j <= i
-                        off the diagonal through the first row n of block i:
-                        exp(G_i - G_j) = exp(G_i - G_n) exp(G_n - G_j), both exponents <= 0;
-                        on the diagonal pairwise, masked to -inf before the exp
-  chunk_wy_kernel       (I + L)^-1 by forward substitution, row by row, then
+                        by a binary split of the chunk: at level h (C/2, C/4, ..., 1) row i
+                        of an upper half-block [m, m + h) meets column j of the lower half
+                        [m - h, m) through m: exp(G_i - G_j) = exp(G_i - G_m) exp(G_m - G_j),
+                        both exponents <= 0 (never exp(G_i) exp(-G_j), which overflows), and
+                        each level is two [C, BK] x [BK, C] dots; the diagonal is q_i . k_i
+  chunk_wy_kernel       (I + L)^-1 by forward substitution: the [16, 16] diagonal blocks row by
+                        row (all blocks at once), then block row by block row
+                        A[p, :p] = -D_p^-1 L[p, :p] A[:p, :p]; then
                         w = (I + L)^-1 (beta k exp(G)),  u = (I + L)^-1 (beta v)
 
 The gate is per channel (KDA). The gated delta rule (one gate per head) and the delta rule

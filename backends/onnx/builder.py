@@ -148,6 +148,12 @@ class Builder:
         """int64 [len(dims)] from static and symbolic dims (one Concat of their tensors)."""
         if all(isinstance(d, (int, np.integer)) for d in dims):
             return self.ints([int(d) for d in dims])
+        key = ("shape",) + tuple(d if isinstance(d, str) else sympy.srepr(sympy.sympify(d)) for d in dims)
+        if key not in self._dims:
+            self._dims[key] = self._shape(dims)
+        return self._dims[key]
+
+    def _shape(self, dims: Sequence) -> str:
         parts, static = [], []
         for d in dims:
             if isinstance(d, (int, np.integer)):

@@ -89,6 +89,13 @@ def test_ort_flavour_maps_k3_tiny(zoo_artifact):
     assert pre["moe_experts -> k3c::moe_experts_situ"] == 8  # no SiTU in onnxruntime's MoE
 
 
+def test_ort_flavour_runs_kimi_linear_experts_on_ort_moe(zoo_artifact):
+    """Kimi Linear's SiLU-GLU experts fit onnxruntime's MoE (K3's SiTU ones do not)."""
+    _, _, _, runner = zoo_artifact("kimi-linear-tiny", "ort")
+    for entry in ("prefill", "decode"):
+        assert runner.manifest["lowering"][entry]["moe_experts -> com.microsoft::MoE"] == 5
+
+
 def test_decode_state_names_round_trip(zoo_artifact):
     """Prefill outputs feed decode inputs by name; decode outputs are present.<name>."""
     _, graphs, _, runner = zoo_artifact("k3-tiny", "portable")

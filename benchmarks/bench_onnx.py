@@ -1,0 +1,109 @@
+"""ONNX artifacts vs eager torch: prefill of T tokens and N decode steps, one run each.
+
+    python benchmarks/bench_onnx.py                      # k3-small, T = 1024, 64 decode steps
+    python benchmarks/bench_onnx.py --model k3-tiny --prefill 256 --decode 16 --json out.json
+
+Every runner gets the same prompt and the same next tokens (teacher forcing), so the work is
+identical; a warm-up call on a short prompt comes first (session creation, first-run
+allocations). The ratios are eager seconds / onnxruntime seconds (> 1: onnxruntime faster).
+The last logits of each backend are compared with eager's, so a fast wrong answer shows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+import k3c
+from k3c.backends.onnx import OnnxBackend
+from k3c.numerics import rel_rms_err
+
+
+def timed(fn, *args):
+    t0 = time.perf_counter()
+    out = fn(*args)
+    return out, time.perf_counter() - t0
+
+
+def run_eager(model, ids, steps):
+    with torch.no_grad():
+        model.prefill(ids[:, :16])  # warm-up
+        (logits, state), t_pre = timed(model.prefill, ids)
+        t0 = time.perf_counter()
+        for x in steps:
+            logits, state = model.decode(x, state)
+        return logits, t_pre, time.perf_counter() - t0
+
+
+def run_onnx(runner, ids, steps):
+    names = [o["state"] for o in runner.manifest["entries"]["prefill"]["outputs"][1:]]
+    order = [i["state"] for i in runner.manifest["entries"]["decode"]["inputs"][1:]]
+    warm = runner.run("prefill", ids[:, :16])  # warm-up: sessions, first-run allocations
+    runner.run("decode", steps[0], *[dict(zip(names, warm[1:]))[n] for n in order])
+    outs, t_pre = timed(runner.run, "prefill", ids)
+    state = dict(zip(names, outs[1:]))
+    t0 = time.perf_counter()
+    for x in steps:
+        outs = runner.run("decode", x, *[state[n] for n in order])
+        state = dict(zip(names, outs[1:]))
+    return outs[0], t_pre, time.perf_counter() - t0
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="k3-small")
+    p.add_argument("--prefill", type=int, default=1024, help="prompt length T")
+    p.add_argument("--decode", type=int, default=64, help="decode steps")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--pipeline", default="default")
+    p.add_argument("--flavours", default="portable,ort")
+    p.add_argument("--out", help="artifact folder (default: a temporary one)")
+    p.add_argument("--json", help="write the results here")
+    args = p.parse_args(argv)
+
+    torch.manual_seed(0)
+    model = k3c.models.build(args.model)
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, model.config.vocab_size, (args.batch, args.prefill + args.decode), generator=gen)
+    prompt, steps = ids[:, :args.prefill], [ids[:, t:t + 1] for t in range(args.prefill, ids.shape[1])]
+
+    t0 = time.perf_counter()
+    graphs = k3c.capture_entries(model, (prompt[:, :16],))
+    graphs = {e: k3c.passes.run(g, args.pipeline) for e, g in graphs.items()}
+    result = {"model": args.model, "batch": args.batch, "prefill_tokens": args.prefill, "decode_steps": args.decode,
+              "pipeline": args.pipeline, "threads": torch.get_num_threads(), "cpu": platform.processor() or "?",
+              "cores": os.cpu_count(), "capture_and_passes_seconds": round(time.perf_counter() - t0, 2), "rows": {}}
+    print(f"{args.model}: captured and optimised in {result['capture_and_passes_seconds']:.1f}s")
+
+    ref, t_pre, t_dec = run_eager(model, prompt, steps)
+    result["rows"]["eager"] = {"prefill_seconds": t_pre, "decode_seconds": t_dec}
+    print(f"eager      prefill {t_pre:8.2f}s   decode {t_dec:8.2f}s")
+    root = Path(args.out or tempfile.mkdtemp(prefix="k3c-bench-onnx-"))
+    for flavour in args.flavours.split(","):
+        out = root / flavour
+        be = OnnxBackend(flavour)
+        _, t_lower = timed(be.lower, graphs, out)
+        runner = be.load(out)
+        logits, t_pre, t_dec = run_onnx(runner, prompt, steps)
+        eager = result["rows"]["eager"]
+        row = {"prefill_seconds": t_pre, "decode_seconds": t_dec, "lower_seconds": t_lower,
+               "prefill_ratio_vs_eager": eager["prefill_seconds"] / t_pre,
+               "decode_ratio_vs_eager": eager["decode_seconds"] / t_dec,
+               "last_logits_rel_rms_vs_eager": rel_rms_err(logits, ref)}
+        result["rows"][f"onnx-{flavour}"] = row
+        print(f"onnx-{flavour:8s} prefill {t_pre:8.2f}s ({row['prefill_ratio_vs_eager']:.2f}x)   decode {t_dec:8.2f}s "
+              f"({row['decode_ratio_vs_eager']:.2f}x)   last logits rel RMS {row['last_logits_rel_rms_vs_eager']:.1e}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    main()

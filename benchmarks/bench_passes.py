@@ -1,11 +1,12 @@
 """The `default` pass pipeline on one model: interpreter time and estimated cost, before and after.
 
-    python benchmarks/bench_passes.py [--model k3-small] [--T 1024] [--B 1] [--repeats 1]
+    python benchmarks/bench_passes.py [--model k3-small] [--T 1024] [--B 1] [--repeats 1] [--threads 1]
 
 Captures the prefill graph, runs `default` (with its per-pass report), then interprets both
 graphs on the same token ids (round-robin repeats, median) and checks that they agree. Prints
 one table: interpreter seconds, estimated FLOPs and bytes (passes/cost.py at the same B, T),
-node counts, and the before / after ratios.
+node counts, and the before / after ratios. One torch thread by default: the interpreter
+runs thousands of small ops, where more threads mostly add synchronisation.
 """
 
 from __future__ import annotations
@@ -41,7 +42,9 @@ def main() -> None:
     ap.add_argument("--T", type=int, default=1024)
     ap.add_argument("--B", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     args = ap.parse_args()
+    torch.set_num_threads(args.threads)
 
     torch.manual_seed(0)
     model = k3c.models.build(args.model)

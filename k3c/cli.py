@@ -49,7 +49,11 @@ def _capture_for_cli(args: argparse.Namespace):
 
 def _cmd_show(args: argparse.Namespace) -> int:
     graph = _capture_for_cli(args)
-    if args.dot:
+    if args.backend == "tvm":  # the scheduled TensorIR (and Relax) the TVM backend compiles
+        from .backends import get
+
+        print(get("tvm", target=args.target or "llvm").show({args.entry: graph}), end="")
+    elif args.dot:
         from .ir.dot import write_dot
 
         write_dot(graph, args.dot)
@@ -159,6 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--dump-after", metavar="PASS", help="print the IR after this pass (instead of the final IR)")
     s.add_argument("--verify", action="store_true", help="run the verifier after every pass")
     s.add_argument("--report", action="store_true", help="print what each pass changed to stderr")
+    s.add_argument("--backend", choices=["tvm"], help="print what this backend compiles (tvm: the scheduled TIR)")
+    s.add_argument("--target", help="tvm: llvm or cuda (default llvm)")
     s.set_defaults(func=_cmd_show)
 
     s = sub.add_parser("compile", help="compile a model to a backend and write the artifact")

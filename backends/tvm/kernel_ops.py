@@ -3,9 +3,9 @@
 expert weight transposes, MLA's up-projections).
 
 Choices a reader should know:
-- recurrent delta-rule ops run the recurrent kernel (one block per value column walking T);
-  the chunked IR ops (`chunk_prepare`, `chunk_state_scan`, `chunk_output`) have kernels of
-  their own, in chunk_ops.py.
+- recurrent delta-rule ops run the recurrent kernel (a block per (batch, head) walking T),
+  unless the option `prefill_chunk_size` asks for the chunked pieces when T is not 1; the
+  chunked IR ops (`chunk_prepare`, `chunk_state_scan`, `chunk_output`) are in chunk_ops.py.
 - `mla_attention` with a static single query step (decode) runs in the absorbed form: W_UK
   folded into the query, one latent key/value head, W_UV after attention. Exact algebra; it
   reads the latent cache instead of up-projecting all of it every step. Option
@@ -28,6 +28,7 @@ from ...kernels.moe.tvm import DOWN_SCHEDULES, GATE_UP_SCHEDULES, moe_down, moe_
 from ...kernels.short_conv.tvm import SCHEDULES as CONV_SCHEDULES
 from ...kernels.short_conv.tvm import short_conv
 from ...kernels.situ.tvm import situ
+from .chunk_ops import chunked_delta_rule
 from .context import LowerContext
 from .dims import static_int
 
@@ -49,6 +50,9 @@ def _rows(ctx: LowerContext, value: str, keep: int = 1):
 
 def _delta_rule(gate: str):
     def rule(ctx: LowerContext, node, q, k, v, *rest):
+        C = ctx.options.get("prefill_chunk_size")
+        if C and ctx.type_of(node.inputs[0]).shape[1] != 1:
+            return chunked_delta_rule(gate, int(C))(ctx, node, q, k, v, *rest)
         scale = ctx.attrs(node)["scale"]
         H, K = _static(ctx, node.inputs[0], 2, 3)
         (V,) = _static(ctx, node.inputs[2], 3)

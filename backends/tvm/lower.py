@@ -19,11 +19,12 @@ import re
 from tvm import relax
 
 from ...ir import Graph, Node
+from .chunk_ops import CHUNK_LOWERINGS
 from .context import LowerContext
 from .kernel_ops import KERNEL_LOWERINGS
 from .relax_ops import RELAX_LOWERINGS
 
-LOWERINGS = {**RELAX_LOWERINGS, **KERNEL_LOWERINGS}
+LOWERINGS = {**RELAX_LOWERINGS, **KERNEL_LOWERINGS, **CHUNK_LOWERINGS}
 
 
 class LoweringError(Exception):

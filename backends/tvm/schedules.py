@@ -14,6 +14,8 @@ are fused GEMMs, norms, softmaxes and elementwise chains. Both targets use `s_ti
 
 from __future__ import annotations
 
+import functools
+
 import tvm
 from tvm import s_tir, tirx
 from tvm.s_tir import dlight as dl
@@ -29,6 +31,7 @@ def _is_llvm(target: Target) -> bool:
 def _safe(apply):
     """A rule that fails midway is a rule that does not apply: try the next."""
 
+    @functools.wraps(apply)
     def wrapped(self, func, target, tunable):
         if not isinstance(func, tirx.PrimFunc) or not _is_llvm(target):
             return None
@@ -88,12 +91,15 @@ class CpuMatmul(ScheduleRule):
         sch.parallel(outer)
         sch.unroll(mi)
         sch.vectorize(ni)
-        _, _, ai, aj = sch.get_loops(acc)[-4:]
-        sch.vectorize(aj)
         consumers = sch.get_consumers(acc)
-        while consumers:  # epilogues that could not be inlined: into the tile, vectorized
-            sch.reverse_compute_at(consumers[0], mo)
-            consumers = sch.get_consumers(consumers[0])
+        while consumers:  # epilogues: into the write-back of the tile when elementwise
+            try:
+                sch.reverse_compute_inline(consumers[0])
+            except Exception:  # noqa: BLE001
+                sch.reverse_compute_at(consumers[0], outer)
+                sch.vectorize(sch.split(sch.get_loops(consumers[0])[-1], factors=[None, self.lanes])[1])
+            consumers = sch.get_consumers(acc)
+        sch.vectorize(sch.get_loops(acc)[-1])
         sch.decompose_reduction(main, k)
         return sch
 

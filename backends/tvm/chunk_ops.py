@@ -1,0 +1,116 @@
+"""Lowerings of the chunked delta-rule ops (`chunk_prepare`, `chunk_state_scan`, `chunk_output`)
+to the TensorIR kernels of k3c.kernels.kda.tvm.chunk, and `chunked_delta_rule`, which runs a
+recurrent delta-rule op through the same three pieces (the backend option
+`prefill_chunk_size`: an int chunks every delta-rule op whose T is not 1; None, the default,
+keeps the recurrent kernel, the faster of the two on a CPU).
+"""
+
+from __future__ import annotations
+
+from tvm import relax
+
+from ...ir import Node
+from ...ir.ops.chunked import num_chunks
+from ...kernels.kda.tvm import chunk
+from .context import LowerContext
+from .dims import static_int
+
+R = relax.op
+
+
+def _f32(shape) -> relax.TensorType:
+    return relax.TensorType(shape, "float32")
+
+
+def prepare(ctx: LowerContext, q, k, v, beta, g, *, gate: str, C: int, H: int, K: int, V: int, B, T, NC):
+    """The three prepare kernels -> (q_dec, k_dec, w, u, aqk, decay_last) in chunk layout."""
+    KD = K if gate == "channel" else 1
+    if g is None:
+        g = ctx.bb.emit(R.zeros(relax.ShapeExpr([B, T, H, 1]), "float32"))  # placeholder: never read
+    elif gate == "head":
+        g = ctx.bb.emit(R.reshape(g, relax.ShapeExpr([B, T, H, 1])))
+    if beta is None:
+        beta = ctx.bb.emit(R.zeros(relax.ShapeExpr([B, T, H]), "float32"))  # placeholder: never read
+    ck = [B, H, NC, C, K]
+    gates = ctx.kernel(("chunk_gates", gate, H, K, C), lambda: chunk.chunk_gates(H, K, C, gate, ctx.target),
+                       chunk.SCHEDULES)
+    qd, kd, kw, G, dl = ctx.call_tir(gates, [q, k, g], [_f32(ck), _f32(ck), _f32(ck), _f32([B, H, NC, C, KD]),
+                                                        _f32([B, H, NC, KD])])
+    scores = ctx.kernel(("chunk_scores", gate, H, K, C), lambda: chunk.chunk_scores(H, K, C, gate, ctx.target),
+                        chunk.SCHEDULES)
+    Lm, aqk = ctx.call_tir(scores, [q, k, beta, G], [_f32([B, H, NC, C, C])] * 2)
+    solve = ctx.kernel(("chunk_solve", gate, H, K, V, C), lambda: chunk.chunk_solve(H, K, V, C, gate, ctx.target),
+                       chunk.SCHEDULES)
+    w, u = ctx.call_tir(solve, [Lm, kw, v, beta], [_f32(ck), _f32([B, H, NC, C, V])])
+    return qd, kd, w, u, aqk, dl
+
+
+def state_scan(ctx: LowerContext, w, u, kd, dl, state, *, H: int, K: int, V: int, C: int, KD: int, B, NC):
+    scan = ctx.kernel(("chunk_state_scan", H, K, V, C, KD),
+                      lambda: chunk.chunk_state_scan(H, K, V, C, KD, ctx.target), chunk.SCHEDULES)
+    return ctx.call_tir(scan, [w, u, kd, dl, state],
+                        [_f32([B, H, NC, C, V]), _f32([B, H, NC, K, V]), _f32([B, H, K, V])])
+
+
+def output(ctx: LowerContext, qd, aqk, vn, starts, *, H: int, K: int, V: int, C: int, scale: float, B, T):
+    out = ctx.kernel(("chunk_output", H, K, V, C, scale), lambda: chunk.chunk_output(H, K, V, C, scale, ctx.target),
+                     chunk.SCHEDULES)
+    return ctx.call_tir(out, [qd, aqk, vn, starts], [_f32([B, T, H, V])])[0]
+
+
+def _qkv(ctx: LowerContext, node: Node):
+    H, K = (static_int(d, f"dim of %{node.inputs[0]}") for d in ctx.type_of(node.inputs[0]).shape[2:])
+    V = static_int(ctx.type_of(node.inputs[2]).shape[3], f"dim 3 of %{node.inputs[2]}")
+    B, T = ctx.shape(node.inputs[0])[:2]
+    return H, K, V, B, T
+
+
+def _chunk_prepare(ctx: LowerContext, node: Node, q, k, v, *rest):
+    a = ctx.attrs(node)
+    gate, C = a["gate"], a["chunk_size"]
+    H, K, V, B, T = _qkv(ctx, node)
+    beta = rest[0] if len(rest) > 0 else None
+    g = rest[1] if len(rest) > 1 else None
+    NC = ctx.shape(node.outputs[0])[2]
+    return list(prepare(ctx, q, k, v, beta, g, gate=gate, C=C, H=H, K=K, V=V, B=B, T=T, NC=NC))
+
+
+def _chunk_state_scan(ctx: LowerContext, node: Node, w, u, kd, dl, state):
+    B, H, NC, C, V = ctx.type_of(node.inputs[1]).shape
+    K = ctx.type_of(node.inputs[2]).shape[4]
+    KD = ctx.type_of(node.inputs[3]).shape[3]
+    H, C, V, K, KD = (static_int(d, f"chunk dim of %{node.inputs[1]}") for d in (H, C, V, K, KD))
+    Bx, _, NCx = ctx.shape(node.inputs[1])[:3]
+    return state_scan(ctx, w, u, kd, dl, state, H=H, K=K, V=V, C=C, KD=KD, B=Bx, NC=NCx)
+
+
+def _chunk_output(ctx: LowerContext, node: Node, qd, aqk, vn, starts):
+    a = ctx.attrs(node)
+    _, H, _, C, K = ctx.type_of(node.inputs[0]).shape
+    V = ctx.type_of(node.inputs[2]).shape[4]
+    H, C, K, V = (static_int(d, f"chunk dim of %{node.inputs[0]}") for d in (H, C, K, V))
+    B, T = ctx.shape(node.outputs[0])[:2]
+    return output(ctx, qd, aqk, vn, starts, H=H, K=K, V=V, C=C, scale=a["scale"], B=B, T=T)
+
+
+def chunked_delta_rule(gate: str, C: int):
+    """A recurrent delta-rule op (kda / gated_delta_rule / delta_rule) run as the three pieces."""
+
+    def rule(ctx: LowerContext, node: Node, q, k, v, *rest):
+        H, K, V, B, T = _qkv(ctx, node)
+        if gate == "none":
+            (beta, state), g = rest, None
+        else:
+            g, beta, state = rest
+        NC = ctx.dims.expr(num_chunks(ctx.type_of(node.inputs[0]).shape[1], C))
+        qd, kd, w, u, aqk, dl = prepare(ctx, q, k, v, beta, g, gate=gate, C=C, H=H, K=K, V=V, B=B, T=T, NC=NC)
+        KD = K if gate == "channel" else 1
+        vn, starts, s1 = state_scan(ctx, w, u, kd, dl, state, H=H, K=K, V=V, C=C, KD=KD, B=B, NC=NC)
+        o = output(ctx, qd, aqk, vn, starts, H=H, K=K, V=V, C=C, scale=ctx.attrs(node)["scale"], B=B, T=T)
+        return [o, s1]
+
+    return rule
+
+
+CHUNK_LOWERINGS = {"chunk_prepare": _chunk_prepare, "chunk_state_scan": _chunk_state_scan,
+                   "chunk_output": _chunk_output}

@@ -118,8 +118,9 @@ def _cmd_compile_all(args: argparse.Namespace) -> int:
     rows = [("backend", "artifact", "compile s", "max_abs_err", "rel_rms_err", "ok", "prefill vs eager")]
     for b in report.backends.values():
         speed = f"{report.eager_prefill_seconds / b.prefill_seconds:.2f}x" if b.prefill_seconds else "-"
+        status = "yes" if b.ok else "NO" + (f" ({b.error.splitlines()[0][:90]})" if b.error else "")
         rows.append((b.backend, b.artifact, f"{b.compile_seconds:.1f}", f"{b.max_abs_err:.1e}",
-                     f"{b.rel_rms_err:.1e}", "yes" if b.ok else "NO" + (f" ({b.error.splitlines()[0][:90]})" if b.error else ""), speed))
+                     f"{b.rel_rms_err:.1e}", status, speed))
     print(f"{report.model}: prefill T={args.seq_len}, B=2, 4 decode steps, each backend against eager PyTorch")
     print(format_table(rows))
     return 0 if report.ok else 1

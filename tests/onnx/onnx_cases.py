@@ -82,20 +82,21 @@ def _rand(gen, *shape, scale=1.0):
     return torch.randn(*shape, generator=gen) * scale
 
 
-def _delta_inputs(gen, B: int, T: int, g_shape: str | None):
+def _delta_inputs(gen, B: int, T: int, g_shape: str | None, g_scale: float = 1.0):
     q = torch.nn.functional.normalize(_rand(gen, B, T, H, K), dim=-1)
     k = torch.nn.functional.normalize(_rand(gen, B, T, H, K), dim=-1)
     v = _rand(gen, B, T, H, V)
     beta = torch.rand(B, T, H, generator=gen)
     g = None
     if g_shape == "channel":
-        g = -torch.rand(B, T, H, K, generator=gen)
+        g = -torch.rand(B, T, H, K, generator=gen) * g_scale
     elif g_shape == "head":
-        g = -torch.rand(B, T, H, generator=gen)
+        g = -torch.rand(B, T, H, generator=gen) * g_scale
     return q, k, v, g, beta, _rand(gen, B, H, K, V, scale=0.3)
 
 
-def recurrent_case(op: str, B: int = 2, T: int = 70, seed: int = 0, static_T: bool = False) -> OpCase:
+def recurrent_case(op: str, B: int = 2, T: int = 70, seed: int = 0, static_T: bool = False,
+                   g_scale: float = 1.0) -> OpCase:
     gen = torch.Generator().manual_seed(seed)
     Tdim = T if static_T else T_
     qkv = [("q", f32(B_, Tdim, H, K)), ("k", f32(B_, Tdim, H, K)), ("v", f32(B_, Tdim, H, V))]
@@ -105,7 +106,7 @@ def recurrent_case(op: str, B: int = 2, T: int = 70, seed: int = 0, static_T: bo
         g = op_graph(op, qkv + [("S", f32(B_, H, K, V)), ("z", f32(B_, H, K))], {"scale": 0.3})
         return OpCase(g, [q, k, v, S, z])
     gate = {"kda": "channel", "gated_delta_rule": "head", "delta_rule": None}[op]
-    q, k, v, gt, beta, S = _delta_inputs(gen, B, T, gate)
+    q, k, v, gt, beta, S = _delta_inputs(gen, B, T, gate, g_scale)
     ins = qkv + ([("g", f32(B_, Tdim, H, K) if gate == "channel" else f32(B_, Tdim, H))] if gate else [])
     ins += [("beta", f32(B_, Tdim, H)), ("S", f32(B_, H, K, V))]
     g = op_graph(op, ins, {"scale": K**-0.5})

@@ -50,6 +50,22 @@ def test_recurrent_chunked(op, T, flavour):
     check(recurrent_case(op, T=T), flavour, chunk_size=16)
 
 
+@pytest.mark.parametrize("chunk_size", [20, 48, 64], ids=lambda c: f"C{c}")
+@pytest.mark.parametrize("op", ["kda", "gated_delta_rule"])
+def test_chunk_sizes(op, chunk_size):
+    """The forward substitution runs in blocks of 16 rows when 16 divides C (48, 64: three
+    and four blocks), else as one block (20); both against the recurrence, T = 130."""
+    check(recurrent_case(op, T=130), chunk_size=chunk_size)
+    check(recurrent_case(op, T=70), evaluator=True, chunk_size=chunk_size)
+
+
+@pytest.mark.parametrize("op", ["kda", "gated_delta_rule"])
+def test_strong_decay_stays_finite(op):
+    """log-decays down to -40 per token: cumulative gates reach -2500 within a chunk, where
+    exp(G_i) * exp(-G_j) would overflow; every factor here has an exponent <= 0."""
+    check(recurrent_case(op, T=130, g_scale=40.0), chunk_size=64)
+
+
 @pytest.mark.parametrize("op", RECURRENT)
 @pytest.mark.parametrize("flavour", FLAVOURS)
 def test_recurrent_scan(op, flavour):

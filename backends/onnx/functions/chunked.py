@@ -46,38 +46,110 @@ def causal_mask(b: Builder, C: str, strict: bool = False) -> str:
     return b.Less(j, i) if strict else b.Not(b.Greater(j, i))
 
 
-def unit_lower_inverse(b: Builder, L: str, C: str) -> str:
-    """(I + L)^-1 for a strictly lower-triangular L [B, H, NC, C, C], by forward substitution:
-    row i of N = inverse - I is -(L[i] + L[i] N), a Loop over the C rows."""
+SUBST_BLOCK = 16  # rows per block of the blocked forward substitution (when it divides C)
+
+
+def _row_substitution(b: Builder, L: str, n: str, rank: int) -> str:
+    """(I + L)^-1 of strictly lower-triangular [..., n, n] blocks, row by row (a Loop over n):
+    row i of N = inverse - I is -(L[i] + L[i] N)."""
     s = Builder("subst")
     it, cnd = loop_counter(s)
     i, cond, N = it[0], cnd[0], s.fresh("N")
-    l_i = s.Gather(L, i, axis=-2)  # [..., C]
+    l_i = s.Gather(L, i, axis=-2)  # [..., n]
     r = s.Neg(s.Add(l_i, s.squeeze(s.MatMul(s.unsqueeze(l_i, -2), N), -2)))
-    rows = s.Range(s.const(0, "i64"), s.squeeze(C, 0), s.const(1, "i64"))
-    onehot = s.unsqueeze(s.Cast(s.Equal(rows, i), to=1), -1)  # [C, 1]
+    rows = s.Range(s.const(0, "i64"), s.squeeze(n, 0), s.const(1, "i64"))
+    onehot = s.unsqueeze(s.Cast(s.Equal(rows, i), to=1), -1)  # [n, 1]
     N_next = s.Add(N, s.Mul(onehot, s.unsqueeze(r, -2)))
     cond_out = s.Identity(cond)
-    body = subgraph(s, "forward_substitution", [it, cnd, (N, "f32", 5)], [(cond_out, "bool", []), (N_next, "f32", 5)])
-    N0 = b.Mul(L, b.const(0.0))
-    N = b.op("Loop", [b.squeeze(C, 0), b.const(True, "bool"), N0], 1, body=body)
-    eye = b.EyeLike(b.ConstantOfShape(b.Concat(C, C, axis=0)), dtype=1)
-    return b.Add(N, eye)
+    body = subgraph(s, "row_substitution", [it, cnd, (N, "f32", rank)], [(cond_out, "bool", []),
+                                                                        (N_next, "f32", rank)])
+    N = b.op("Loop", [b.squeeze(n, 0), b.const(True, "bool"), b.Mul(L, b.const(0.0))], 1, body=body)
+    return b.Add(N, b.EyeLike(b.ConstantOfShape(b.Concat(n, n, axis=0)), dtype=1))
+
+
+def unit_lower_inverse(b: Builder, L: str, C: str) -> str:
+    """(I + L)^-1 for a strictly lower-triangular L [B, H, NC, C, C] by blocked forward
+    substitution (as k3c.kernels.delta_chunk.unit_lower_inverse): rows first inside the
+    diagonal blocks of 16 (all blocks at once), then block row by block row,
+    T[P, :P] = -T[P, P] L[P, :P] T[:P, :P]. When 16 does not divide C it is one block."""
+    one = b.ints([1])
+    bs, NB = _blocks(b, C)
+    lead = b.Shape(L, end=3)  # [B, H, NC]
+    blocks = b.Transpose(b.Reshape(L, b.Concat(lead, NB, bs, NB, bs, axis=0)), perm=[0, 1, 2, 3, 5, 4, 6])
+    flat = b.Reshape(blocks, b.Concat(lead, b.Mul(NB, NB), bs, bs, axis=0))  # [.., NB * NB, bs, bs]
+    on_diag = b.Mul(b.Range(b.const(0, "i64"), b.squeeze(NB, 0), b.const(1, "i64")), b.squeeze(b.Add(NB, one), 0))
+    T_diag = _row_substitution(b, b.Gather(flat, on_diag, axis=3), bs, 6)  # [.., NB, bs, bs]
+    T0 = b.Reshape(_block_diagonal(b, T_diag, NB, C, lead), b.Concat(lead, C, C, axis=0))
+
+    s = Builder("block_rows")
+    it, cnd = loop_counter(s)
+    p, cond, T = it[0], cnd[0], s.fresh("T")
+    p1 = s.unsqueeze(p, 0)
+    start = s.Mul(p1, bs)
+    L_p = s.Slice(L, start, s.Add(start, bs), s.ints([-2]))  # [.., bs, C]
+    cols = s.Range(s.const(0, "i64"), s.squeeze(C, 0), s.const(1, "i64"))
+    earlier = s.Cast(s.Less(cols, start), to=1)  # columns of the blocks before p
+    X = s.MatMul(s.Mul(L_p, earlier), T)  # L[P, :P] T[:P, :P], [.., bs, C]
+    T_pp = s.Gather(T_diag, p, axis=3)  # T[P, P], [.., bs, bs]
+    R = s.Neg(s.MatMul(T_pp, X))
+    pads = s.Concat(s.ints([0, 0, 0]), start, s.ints([0, 0, 0, 0]), s.Sub(C, s.Add(start, bs)), s.ints([0]), axis=0)
+    T_next = s.Add(T, s.Pad(R, pads))  # R into rows P
+    cond_out = s.Identity(cond)
+    body = subgraph(s, "block_row_substitution", [it, cnd, (T, "f32", 5)], [(cond_out, "bool", []),
+                                                                              (T_next, "f32", 5)])
+    return b.op("Loop", [b.squeeze(NB, 0), b.const(True, "bool"), T0], 1, body=body)
 
 
 def _last(b: Builder, G: str, axis: int) -> str:
     return b.Slice(G, b.ints([-1]), b.ints([INT64_MAX]), b.ints([axis]))
 
 
+def _blocks(b: Builder, C: str) -> tuple[str, str]:
+    """(block size, block count): blocks of 16 rows when 16 divides C, else one block of C."""
+    bs = b.Where(b.Equal(b.Mod(C, b.ints([SUBST_BLOCK])), b.ints([0])), b.ints([SUBST_BLOCK]), C)
+    return bs, b.Div(C, bs)
+
+
+def _block_diagonal(b: Builder, x: str, NB: str, C: str, lead: str) -> str:
+    """[.., NB, c, c] diagonal blocks -> [.., NB, c, C] rows with the blocks in place."""
+    eye = b.EyeLike(b.ConstantOfShape(b.Concat(NB, NB, axis=0)), dtype=1)  # [NB, NB]
+    spread = b.Mul(b.unsqueeze(x, -2), b.unsqueeze(eye, 1, 3))  # [.., NB, c, NB, c]
+    return b.Reshape(spread, b.Concat(lead, NB, b.Shape(x, start=-2, end=-1), C, axis=0))
+
+
 def _channel_gates(b: Builder, q: str, k: str, g: str, C: str):
-    """Per-channel decays: masked pairwise exp(G_i - G_j), the definition (no overflow)."""
+    """Per-channel decays exp(G_i - G_j), j <= i, with no exponent above 0 (no overflow however
+    strong the decay). In blocks of c rows (as the reference's binary split, one level): pairs
+    in one block are pairwise (masked before the exp); a pair with j in an earlier block goes
+    through the block's first row r: exp(G_i - G_r) exp(G_r - G_j), both factors <= 1, so those
+    scores are matmuls. Memory C c K per chunk instead of C^2 K."""
     G = b.CumSum(g, b.const(-2, "i64"))  # [B, H, NC, C, K]
-    diff = b.Sub(b.unsqueeze(G, -2), b.unsqueeze(G, -3))  # [..., C(i), C(j), K]
-    allowed = b.unsqueeze(causal_mask(b, C), -1)
-    decay = decay_exp(b, b.Where(allowed, diff, b.const(EXP_FLOOR)))
-    kj = b.Mul(decay, b.unsqueeze(k, -3))
-    kk = b.ReduceSum(b.Mul(kj, b.unsqueeze(k, -2)), b.ints([-1]), keepdims=0)
-    qk = b.ReduceSum(b.Mul(kj, b.unsqueeze(q, -2)), b.ints([-1]), keepdims=0)
+    lead = b.Shape(G, end=3)
+    c, NB = _blocks(b, C)
+    K = b.Shape(G, start=-1)
+    blocked = b.Concat(lead, NB, c, K, axis=0)
+    Gb, qb, kb = (b.Reshape(x, blocked) for x in (G, q, k))  # [.., NB, c, K]
+    # pairs inside a block: pairwise, masked j > i to the floor before the exp
+    diff = b.Sub(b.unsqueeze(Gb, -2), b.unsqueeze(Gb, -3))  # [.., NB, c(i), c(j), K]
+    decay = decay_exp(b, b.Where(b.unsqueeze(causal_mask(b, c), -1), diff, b.const(EXP_FLOOR)))
+    kj = b.Mul(decay, b.unsqueeze(kb, -3))
+    kk_in = b.ReduceSum(b.Mul(kj, b.unsqueeze(kb, -2)), b.ints([-1]), keepdims=0)  # [.., NB, c, c]
+    qk_in = b.ReduceSum(b.Mul(kj, b.unsqueeze(qb, -2)), b.ints([-1]), keepdims=0)
+    # pairs across blocks, through the block's first row r
+    G_r = b.Slice(Gb, b.ints([0]), b.ints([1]), b.ints([-2]))  # [.., NB, 1, K]
+    rows = decay_exp(b, b.Sub(Gb, G_r))  # exp(G_i - G_r)
+    starts = b.unsqueeze(b.Mul(b.Range(b.const(0, "i64"), b.squeeze(NB, 0), b.const(1, "i64")), b.squeeze(c, 0)), 1)
+    cols = b.Range(b.const(0, "i64"), b.squeeze(C, 0), b.const(1, "i64"))
+    earlier = b.Less(cols, starts)  # [NB, C]: column j is in a block before the row's
+    to_r = b.Sub(G_r, b.unsqueeze(G, -3))  # G_r - G_j, [.., NB, C, K]
+    k_cols = b.Mul(decay_exp(b, b.Where(b.unsqueeze(earlier, -1), to_r, b.const(EXP_FLOOR))), b.unsqueeze(k, -3))
+    k_cols_t = b.Transpose(k_cols, perm=[0, 1, 2, 3, 5, 4])  # [.., NB, K, C]
+    mask = b.unsqueeze(b.Cast(earlier, to=1), 1)  # [NB, 1, C]
+    kk_x = b.Mul(b.MatMul(b.Mul(kb, rows), k_cols_t), mask)  # [.., NB, c, C]
+    qk_x = b.Mul(b.MatMul(b.Mul(qb, rows), k_cols_t), mask)
+    square = b.Concat(lead, C, C, axis=0)
+    kk = b.Reshape(b.Add(kk_x, _block_diagonal(b, kk_in, NB, C, lead)), square)
+    qk = b.Reshape(b.Add(qk_x, _block_diagonal(b, qk_in, NB, C, lead)), square)
     eG = decay_exp(b, G)
     G_last = _last(b, G, -2)  # [..., 1, K]
     k_decayed = b.Mul(k, decay_exp(b, b.Sub(G_last, G)))

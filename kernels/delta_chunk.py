@@ -113,20 +113,21 @@ def _block_diagonal(x: Tensor, nb: int) -> Tensor:
     return torch.diagonal(x.view(*x.shape[:-2], nb, C // nb, nb, C // nb), dim1=-4, dim2=-2)
 
 
-def _leaf_decays(q: Tensor, k: Tensor, g: Tensor, leaf: int):
-    """Scores inside leaf blocks (pairwise) and each leaf's prefix / suffix decays."""
+def _leaf_decays_(q: Tensor, k: Tensor, g: Tensor, leaf: int):
+    """Scores inside leaf blocks (pairwise) and each leaf's prefix / suffix decays; the prefix
+    decays overwrite g."""
     *lead, C, K = g.shape
     nb = C // leaf
     kk, qk = g.new_zeros(*lead, C, C), g.new_zeros(*lead, C, C)
     if leaf == 1:  # exp(G_i - G_i) = 1: only q_i . k_i on the diagonal
         _block_diagonal(qk, nb)[..., 0, 0, :] = (q[..., None, :] @ k[..., :, None])[..., 0, 0]
-        return kk, qk, decay_exp(g), torch.ones_like(g)
+        return kk, qk, decay_exp_(g), torch.ones_like(g)
     lkk, lqk = channel_decay_scores_pairwise(*(x.view(*lead, nb, leaf, K) for x in (q, k, g)))
     _block_diagonal(kk, nb).copy_(lkk.movedim(-3, -1))
     _block_diagonal(qk, nb).copy_(lqk.movedim(-3, -1))
-    G = g.view(*lead, nb, leaf, K).cumsum(-2)
-    prefix, suffix = decay_exp(G), decay_exp_(G[..., -1:, :] - G)
-    return kk, qk, prefix.view(g.shape), suffix.view(g.shape)
+    G = g.view(*lead, nb, leaf, K).cumsum_(-2)
+    suffix = decay_exp_(G[..., -1:, :] - G)
+    return kk, qk, decay_exp_(g), suffix.view(g.shape)
 
 
 def channel_decay_scores(q: Tensor, k: Tensor, g: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -141,11 +142,17 @@ def channel_decay_scores(q: Tensor, k: Tensor, g: Tensor) -> tuple[Tensor, Tenso
     are those of g itself (C * K per chunk instead of C * C * K). Odd leaf blocks (C not a power
     of two) are done pairwise. Decays are floored at e^EXP_FLOOR like `decay_exp`.
     """
+    return channel_decay_scores_(q, k, g.clone())
+
+
+def channel_decay_scores_(q: Tensor, k: Tensor, g: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """`channel_decay_scores`, overwriting g with the exp(G) it returns."""
     *lead, C, K = g.shape
     n = math.prod(lead)
     halves = _tree_levels(C)
-    kk, qk, prefix, suffix = _leaf_decays(q, k, g, C >> len(halves))
+    kk, qk, prefix, suffix = _leaf_decays_(q, k, g, C >> len(halves))
     rows_buf, cols_buf = g.new_empty(n * C * K), g.new_empty(n * C * K // 2)
+    blk_buf = g.new_empty(n * C * C // 2)
     floor = math.exp(EXP_FLOOR)
     for h in halves:
         nb = C // (2 * h)
@@ -156,7 +163,8 @@ def channel_decay_scores(q: Tensor, k: Tensor, g: Tensor) -> tuple[Tensor, Tenso
         torch.mul(q.view(shape)[..., 1, :, :], pre[..., 1, :, :], out=rows[..., 1, :, :])
         cols = torch.mul(k.view(shape)[..., 0, :, :], suf[..., 0, :, :],
                          out=cols_buf.view(*lead, nb, h, K))
-        blk = (rows.view(*lead, nb, 2 * h, K) @ cols.transpose(-1, -2)).movedim(-3, -1)
+        blk = torch.matmul(rows.view(*lead, nb, 2 * h, K), cols.transpose(-1, -2),
+                           out=blk_buf[: n * C * h].view(*lead, nb, 2 * h, h)).movedim(-3, -1)
         _block_diagonal(kk, nb)[..., h:, :h, :] = blk[..., :h, :, :]
         _block_diagonal(qk, nb)[..., h:, :h, :] = blk[..., h:, :, :]
         # double the blocks: first-half suffixes and second-half prefixes span the other half
@@ -165,14 +173,15 @@ def channel_decay_scores(q: Tensor, k: Tensor, g: Tensor) -> tuple[Tensor, Tenso
     return kk, qk, prefix, suffix
 
 
-def _row_substitution(L: Tensor) -> Tensor:
-    """(I + L)^-1 row by row: N[i, :i] = -L[i, :i] - L[i, :i] @ N[:i, :i], N = inverse - I."""
+def _row_substitution_(L: Tensor) -> Tensor:
+    """L <- (I + L)^-1 row by row: with N = (I + L)^-1 - I, N[i, :i] = -L[i, :i] - L[i, :i] N[:i, :i],
+    written over row i of L once it is read."""
     C = L.shape[-1]
-    N = torch.zeros_like(L)
     for i in range(1, C):
         l_i = L[..., i : i + 1, :i]  # [..., 1, i]
-        N[..., i, :i] = -(l_i + l_i @ N[..., :i, :i]).squeeze(-2)
-    return N + torch.eye(C, dtype=L.dtype, device=L.device)
+        L[..., i, :i] = -(l_i + l_i @ L[..., :i, :i]).squeeze(-2)
+    torch.diagonal(L, dim1=-2, dim2=-1).fill_(1.0)
+    return L
 
 
 def unit_lower_inverse(L: Tensor, block: int = 8) -> Tensor:
@@ -182,25 +191,26 @@ def unit_lower_inverse(L: Tensor, block: int = 8) -> Tensor:
     block row by block row: T[P, :P] = -T[P, P] L[P, :P] T[:P, :P] for T = (I + L)^-1, which
     is the same substitution with matrices for scalars. Never a general inverse.
     """
-    *lead, C, _ = L.shape
+    return unit_lower_inverse_(L.tril(-1))
+
+
+def unit_lower_inverse_(L: Tensor, block: int = 8) -> Tensor:
+    """`unit_lower_inverse` written over L (whose upper triangle must be zero)."""
+    C = L.shape[-1]
     if C <= block or C % block:
-        return _row_substitution(L)
+        return _row_substitution_(L)
     nb = C // block
-    diag = _block_diagonal(L, nb).movedim(-1, -3)  # [..., nb, block, block]
-    T_diag = _row_substitution(diag.contiguous())
-    T = torch.zeros_like(L)
-    _block_diagonal(T, nb).copy_(T_diag.movedim(-3, -1))
+    diag = _block_diagonal(L, nb)  # [..., block, block, nb]
+    T_diag = _row_substitution_(diag.movedim(-1, -3).contiguous())  # [..., nb, block, block]
+    diag.copy_(T_diag.movedim(-3, -1))
     for p in range(1, nb):
         rows, done = slice(p * block, (p + 1) * block), slice(0, p * block)
-        T[..., rows, done] = -T_diag[..., p, :, :] @ (L[..., rows, done] @ T[..., done, done])
-    return T
-
-
-# The gate functions below get q and k fresh from `to_chunks` and may overwrite them.
+        L[..., rows, done] = -T_diag[..., p, :, :] @ (L[..., rows, done] @ L[..., done, done])
+    return L
 
 
 def _gates_per_channel(q: Tensor, k: Tensor, g: Tensor, C: int):
-    kk, qk, eG, eG_rest = channel_decay_scores(q, k, to_chunks(g, C))
+    kk, qk, eG, eG_rest = channel_decay_scores_(q, k, to_chunks(g, C))
     k_w = k * eG
     return kk, qk, q.mul_(eG), k_w, k.mul_(eG_rest), eG[..., -1, :]
 
@@ -242,7 +252,7 @@ def chunk_delta_prepare(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta:
         kk, qk, q_dec, k_w, k_dec, decay_last = _gates_per_head(q, k, g, C)
     else:
         kk, qk, q_dec, k_w, k_dec, decay_last = _gates_per_channel(q, k, g, C)
-    A = unit_lower_inverse(kk.mul_(beta[..., None])).mul_(beta[..., None, :])
+    A = unit_lower_inverse_(kk.mul_(beta[..., None])).mul_(beta[..., None, :])
     return DeltaChunks(q_dec, k_dec, A @ k_w, A @ v, qk, decay_last)
 
 
@@ -272,21 +282,22 @@ def chunk_state_scan(w: Tensor | None, u: Tensor, k_decayed: Tensor, decay_last:
     """
     B, H, NC, C, V = u.shape
     K = k_decayed.shape[-1]
-    if initial_state is None:
-        S = u.new_zeros(B * H, K, V)
-    else:
-        S = initial_state.float().reshape(B * H, K, V)
     u_, kt = u.view(B * H, NC, C, V), k_decayed.view(B * H, NC, C, K).transpose(-1, -2)
     w_ = None if w is None else w.view(B * H, NC, C, K)
     d_ = None if decay_last is None else decay_last.reshape(B * H, NC, -1, 1)
-    v_new, starts = [], []
+    v_new = u.new_empty(B * H, NC, C, V) if w_ is not None else u_
+    starts = u.new_empty(B * H, NC + 1, K, V)  # the state entering each chunk, then the final
+    if initial_state is None:
+        starts[:, 0] = 0
+    else:
+        starts[:, 0] = initial_state.reshape(B * H, K, V)
     for n in range(NC):
-        starts.append(S)
-        vn = u_[:, n] if w_ is None else torch.baddbmm(u_[:, n], w_[:, n], S, alpha=-1)
-        v_new.append(vn)
-        S = torch.baddbmm(S if d_ is None else S * d_[:, n], kt[:, n], vn)
-    return (torch.stack(v_new, 1).view(B, H, NC, C, V),
-            torch.stack(starts, 1).view(B, H, NC, K, V), S.view(B, H, K, V))
+        S = starts[:, n]
+        if w_ is not None:
+            torch.baddbmm(u_[:, n], w_[:, n], S, alpha=-1, out=v_new[:, n])
+        torch.baddbmm(S if d_ is None else S * d_[:, n], kt[:, n], v_new[:, n], out=starts[:, n + 1])
+    return (v_new.view(B, H, NC, C, V), starts[:, :NC].view(B, H, NC, K, V),
+            starts[:, NC].reshape(B, H, K, V).clone())
 
 
 # ----------------------------------------------------------------- (c) the output

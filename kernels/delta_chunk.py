@@ -282,22 +282,21 @@ def chunk_state_scan(w: Tensor | None, u: Tensor, k_decayed: Tensor, decay_last:
     """
     B, H, NC, C, V = u.shape
     K = k_decayed.shape[-1]
-    u_, kt = u.view(B * H, NC, C, V), k_decayed.view(B * H, NC, C, K).transpose(-1, -2)
-    w_ = None if w is None else w.view(B * H, NC, C, K)
+    u_, kt = u.reshape(B * H, NC, C, V), k_decayed.reshape(B * H, NC, C, K).transpose(-1, -2)
+    w_ = None if w is None else w.reshape(B * H, NC, C, K)
     d_ = None if decay_last is None else decay_last.reshape(B * H, NC, -1, 1)
-    v_new = u.new_empty(B * H, NC, C, V) if w_ is not None else u_
-    starts = u.new_empty(B * H, NC + 1, K, V)  # the state entering each chunk, then the final
     if initial_state is None:
-        starts[:, 0] = 0
+        S = u.new_zeros(B * H, K, V)
     else:
-        starts[:, 0] = initial_state.reshape(B * H, K, V)
+        S = initial_state.float().reshape(B * H, K, V)
+    v_new, starts = [], []
     for n in range(NC):
-        S = starts[:, n]
-        if w_ is not None:
-            torch.baddbmm(u_[:, n], w_[:, n], S, alpha=-1, out=v_new[:, n])
-        torch.baddbmm(S if d_ is None else S * d_[:, n], kt[:, n], v_new[:, n], out=starts[:, n + 1])
-    return (v_new.view(B, H, NC, C, V), starts[:, :NC].view(B, H, NC, K, V),
-            starts[:, NC].reshape(B, H, K, V).clone())
+        starts.append(S)
+        vn = u_[:, n] if w_ is None else torch.baddbmm(u_[:, n], w_[:, n], S, alpha=-1)
+        v_new.append(vn)
+        S = torch.baddbmm(S if d_ is None else S * d_[:, n], kt[:, n], vn)
+    v_new = u if w_ is None else torch.stack(v_new, 1).view(B, H, NC, C, V)
+    return v_new, torch.stack(starts, 1).view(B, H, NC, K, V), S.view(B, H, K, V)
 
 
 # ----------------------------------------------------------------- (c) the output

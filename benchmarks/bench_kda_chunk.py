@@ -33,14 +33,14 @@ def make_inputs(B: int, T: int, H: int, K: int, V: int, seed: int = 0):
     return q, k, v, g, beta
 
 
-def median_seconds(fn, warmup: int, repeats: int) -> float:
+def median_seconds(fn, warmup: int, repeats: int, clock=time.perf_counter) -> float:
     for _ in range(warmup):
         fn()
     times = []
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0 = clock()
         fn()
-        times.append(time.perf_counter() - t0)
+        times.append(clock() - t0)
     return statistics.median(times)
 
 
@@ -59,13 +59,14 @@ def time_length(args: argparse.Namespace, T: int, fla_chunk) -> str:
     """One table row: the three implementations on the same inputs of length T."""
     q, k, v, g, beta = make_inputs(args.B, T, args.H, args.K, args.V)
     C = args.chunk_size
-    run = lambda f: median_seconds(f, args.warmup, args.repeats)
-    t_chunk = run(lambda: chunk_kda(q, k, v, g, beta, chunk_size=C))
-    t_rec = t_fla = None
+    fns = {"chunk": lambda: chunk_kda(q, k, v, g, beta, chunk_size=C)}
     if args.skip_recurrent_above is None or T <= args.skip_recurrent_above:
-        t_rec = run(lambda: naive_recurrent_kda(q, k, v, g, beta))
+        fns["recurrent"] = lambda: naive_recurrent_kda(q, k, v, g, beta)
     if fla_chunk is not None and T % C == 0:
-        t_fla = run(lambda: fla_chunk(q, k, v, g, beta, output_final_state=True, chunk_size=C))
+        fns["fla"] = lambda: fla_chunk(q, k, v, g, beta, output_final_state=True, chunk_size=C)
+    clock = time.process_time if args.cpu_time else time.perf_counter
+    t = {name: median_seconds(fn, args.warmup, args.repeats, clock) for name, fn in fns.items()}
+    t_chunk, t_rec, t_fla = t["chunk"], t.get("recurrent"), t.get("fla")
     ms = lambda t: "-" if t is None else f"{t * 1e3:.1f}"
     ratio = lambda t: "-" if t is None else f"{t / t_chunk:.1f}x"
     return f"| {T} | {ms(t_chunk)} | {ms(t_rec)} | {ms(t_fla)} | {ratio(t_rec)} | {ratio(t_fla)} |"
@@ -84,13 +85,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--skip-recurrent-above", type=int, default=None, metavar="N",
                     help="do not time the recurrent form for T > N")
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    ap.add_argument("--cpu-time", action="store_true",
+                    help="time with the process's CPU time instead of the wall clock: on a shared "
+                         "machine with --threads 1 this leaves out time spent waiting for a core")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     fla_chunk = fla_naive_chunk()
     print(f"# {platform.machine()}, {os.cpu_count()} CPUs, {torch.get_num_threads()} torch threads, "
           f"torch {torch.__version__}; B={args.B} H={args.H} K={args.K} V={args.V} "
-          f"C={args.chunk_size}; median of {args.repeats} after {args.warmup} warm-up")
+          f"C={args.chunk_size}; {'CPU' if args.cpu_time else 'wall'} time, median of {args.repeats} "
+          f"after {args.warmup} warm-up")
     print("| T | chunked ms | recurrent ms | fla naive_chunk ms | recurrent / chunked "
           "| fla naive_chunk / chunked |")
     print("|---|---|---|---|---|---|")

@@ -191,7 +191,7 @@ def unit_lower_inverse(L: Tensor, block: int = 8) -> Tensor:
     block row by block row: T[P, :P] = -T[P, P] L[P, :P] T[:P, :P] for T = (I + L)^-1, which
     is the same substitution with matrices for scalars. Never a general inverse.
     """
-    return unit_lower_inverse_(L.tril(-1))
+    return unit_lower_inverse_(L.tril(-1), block)
 
 
 def unit_lower_inverse_(L: Tensor, block: int = 8) -> Tensor:

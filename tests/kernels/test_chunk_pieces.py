@@ -27,11 +27,16 @@ def test_decay_scores_tree_equals_pairwise(C, decay):
     assert_close(suffix, dc.decay_exp(G[..., -1:, :] - G).float(), what="exp(G_last - G)")
 
 
-@pytest.mark.parametrize("C", [64, 16, 12, 5], ids=lambda c: f"C{c}")
-def test_forward_substitution_inverts(C):
+CB = [(64, 8), (16, 8), (12, 8), (12, 4), (5, 8)]
+
+
+@pytest.mark.parametrize("C,block", CB, ids=[f"C{c}-block{b}" for c, b in CB])
+def test_forward_substitution_inverts(C, block):
     L = randn(3, 2, C, C, seed=1, scale=0.2).tril(-1)
     eye = torch.eye(C)
-    assert_close(dc.unit_lower_inverse(L) @ (eye + L), eye.expand_as(L), what="T (I + L)")
+    T = dc.unit_lower_inverse(L, block)
+    assert_close(T @ (eye + L), eye.expand_as(L), what="T (I + L)")
+    assert (T.triu(1) == 0).all()
 
 
 @pytest.mark.parametrize("T,C", [(1, 16), (65, 16), (130, 64)], ids=["T1-C16", "T65-C16", "T130-C64"])

@@ -61,6 +61,8 @@ class OnnxBackend:
     def lower(self, graphs: dict[str, Graph], out_dir: Path, *, flavour: str | None = None,
               chunk_size: int | None = None, model_config=None, pipeline=None, **options) -> Path:
         """Write `graphs` ({"prefill": g, "decode": g} or {"forward": g}) as an artifact in out_dir."""
+        for run_option in ("providers", "threads", "spinning"):  # k3c.compile passes them to both steps
+            options.pop(run_option, None)
         _no_unknown(options, "lower")
         flavour = flavour or self.flavour
         if flavour not in FLAVOURS:
@@ -85,17 +87,17 @@ class OnnxBackend:
         return write_artifact(Path(out_dir), models, manifest)
 
     def load(self, out_dir: Path, *, providers: list[str] | None = None, threads: int | None = None,
-             **options) -> OnnxRunner:
-        options.pop("flavour", None)  # the artifact says which it is
-        options.pop("chunk_size", None)
+             spinning: bool = False, **options) -> OnnxRunner:
+        for lower_option in ("flavour", "chunk_size", "model_config", "pipeline"):  # the artifact says these
+            options.pop(lower_option, None)
         _no_unknown(options, "load")
-        return OnnxRunner(out_dir, providers or self.providers, threads)
+        return OnnxRunner(out_dir, providers or self.providers, threads, spinning)
 
 
 def _no_unknown(options: dict, where: str) -> None:
     if options:
         raise TypeError(f"onnx backend {where}: unknown option(s) {sorted(options)}; "
-                        f"known: flavour, chunk_size, providers, threads, model_config, pipeline")
+                        f"known: flavour, chunk_size, providers, threads, spinning, model_config, pipeline")
 
 
 def _config(config):

@@ -75,7 +75,13 @@ def describe_entry(graph: Graph, file: str, state: set[str]) -> dict:
         return d
 
     outs = [io(k, PRESENT + k if k in inputs else k, v) for k, v in graph.outputs]
-    return {"file": file, "inputs": [io(i, i, i) for i in graph.inputs], "outputs": outs}
+    ins = [io(i, i, i) for i in graph.inputs]
+    for node in graph.nodes:  # token ids index an embedding table: record its size
+        if node.op == "embedding" and node.inputs[1] in inputs:
+            rows = graph.types[node.inputs[0]].shape[0]
+            if isinstance(rows, int):
+                ins[graph.inputs.index(node.inputs[1])]["bounds"] = [0, rows]
+    return {"file": file, "inputs": ins, "outputs": outs}
 
 
 def build_manifest(graphs: dict[str, Graph], flavour: str, reports: dict, *, model: str | None,

@@ -2,18 +2,20 @@
 
 Inputs are checked against the manifest before onnxruntime sees them, so a wrong state
 shape is an `InputError` naming the input and the shape it expects, not a runtime crash.
-The CUDA provider is used when onnxruntime has it, else the CPU provider.
+The CUDA provider is used when onnxruntime has it, else the CPU provider. Worker threads
+do not spin between ops by default (`spinning=True` restores onnxruntime's default).
 """
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import numpy as np
 import sympy
 import torch
 
-from ...ir import Graph, InputError
+from ...ir import InputError
 from .artifact import read_manifest
 
 
@@ -26,6 +28,15 @@ def default_providers() -> list[str]:
 
 def _fmt(spec: dict) -> str:
     return f"{spec['dtype']}[{', '.join(str(d) for d in spec['shape'])}]"
+
+
+@functools.cache
+def _dim_fn(text: str):
+    """A dim expression of the manifest ("P + 1") as a function of the bound dims."""
+    expr = sympy.sympify(text)
+    names = sorted(str(x) for x in expr.free_symbols)
+    fn = sympy.lambdify([sympy.Symbol(n) for n in names], expr, modules="math")
+    return lambda env: int(fn(*(env[n] for n in names)))
 
 
 def check_inputs(entry: str, specs: list[dict], arrays: list[np.ndarray], dims: dict) -> dict[str, int]:
@@ -43,11 +54,17 @@ def check_inputs(entry: str, specs: list[dict], arrays: list[np.ndarray], dims: 
                 env.setdefault(d, int(n))
     for spec, a in zip(specs, arrays):
         for axis, (d, n) in enumerate(zip(spec["shape"], a.shape)):
-            want = d if isinstance(d, int) else int(sympy.sympify(d).subs(env))
+            want = d if isinstance(d, int) else env[d] if d in env else _dim_fn(d)(env)
             if int(n) != want:
                 raise InputError(f"{entry} input {spec['name']!r}: expected {_fmt(spec)} with "
                                  f"{', '.join(f'{k}={v}' for k, v in env.items())}, got {list(a.shape)} "
                                  f"(dim {axis} is {n}, expected {want})")
+    for spec, a in zip(specs, arrays):
+        if "bounds" in spec and a.size:
+            lo, hi = spec["bounds"]
+            bad = a[(a < lo) | (a >= hi)]
+            if bad.size:
+                raise InputError(f"{entry} input {spec['name']!r}: id {int(bad.flat[0])} is outside [{lo}, {hi})")
     for name, (lo, hi) in dims.items():
         if name in env and (env[name] < lo or (hi is not None and env[name] > hi)):
             raise InputError(f"{entry}: dim {name} = {env[name]} is outside [{lo}, {hi if hi is not None else 'inf'}]")
@@ -57,13 +74,14 @@ def check_inputs(entry: str, specs: list[dict], arrays: list[np.ndarray], dims: 
 class OnnxRunner:
     """Runs the entries of an artifact; inputs and outputs in the manifest's order."""
 
-    def __init__(self, out_dir: str | Path, providers: list[str] | None = None, threads: int | None = None):
+    def __init__(self, out_dir: str | Path, providers: list[str] | None = None, threads: int | None = None,
+                 spinning: bool = False):
         self.out_dir = Path(out_dir)
         self.manifest = read_manifest(self.out_dir)
         self.providers = providers or default_providers()
-        self.threads = threads
+        self.threads, self.spinning = threads, spinning
         self._sessions: dict = {}
-        self.entries: dict[str, Graph] = {}
+        self.entries: dict[str, dict] = self.manifest["entries"]  # file, inputs, outputs of each graph
 
     def session(self, entry: str):
         if entry not in self.manifest["entries"]:
@@ -75,6 +93,10 @@ class OnnxRunner:
             opts.log_severity_level = 3  # errors only
             if self.threads:
                 opts.intra_op_num_threads = self.threads
+            if not self.spinning:
+                # idle worker threads sleep instead of spinning: on a CPU shared with other work
+                # spinning made a k3-small decode step 2x slower; on an idle one it changes little
+                opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
             path = self.out_dir / self.manifest["entries"][entry]["file"]
             self._sessions[entry] = ort.InferenceSession(str(path), opts, providers=self.providers)
         return self._sessions[entry]

@@ -181,16 +181,21 @@ def gated_mlp_case(act: str, linear_beta: float | None = 25.0, seed: int = 0) ->
     return OpCase(g, [_rand(gen, 2, 7, D_MODEL)])
 
 
-def _routing(gen, N: int):
+def _routing(gen, N: int, skewed: bool = False):
     from k3c.kernels.moe.naive import route
 
-    return route(_rand(gen, N, E), _rand(gen, E, scale=0.1), TOPK, 2.5)
+    logits = _rand(gen, N, E)
+    if skewed:  # every token routes to experts 0 and 1
+        logits[:, :2] += 20.0
+    return route(logits, _rand(gen, E, scale=0.1), TOPK, 2.5)
 
 
-def moe_case(op: str, N: int, act: str = "situ", seed: int = 0, negative_weights: bool = False) -> OpCase:
-    """moe_gate_up / moe_down / moe_experts over N tokens (N * k <= E takes the gather form)."""
+def moe_case(op: str, N: int, act: str = "situ", seed: int = 0, negative_weights: bool = False,
+             skewed: bool = False) -> OpCase:
+    """moe_gate_up / moe_down / moe_experts over N tokens: N * k <= E takes the gather form,
+    else balanced routing the padded batches and skewed routing the expert Loop."""
     gen = torch.Generator().manual_seed(seed)
-    idx, w = _routing(gen, N)
+    idx, w = _routing(gen, N, skewed)
     if negative_weights:
         w = w * torch.where(torch.rand(w.shape, generator=gen) < 0.5, -1.0, 1.0)
     w13, w2 = _rand(gen, E, 2 * I_MLP, D_MODEL, scale=0.3), _rand(gen, E, D_MODEL, I_MLP, scale=0.3)

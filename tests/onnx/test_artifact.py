@@ -30,7 +30,8 @@ def test_files_manifest_and_metadata(zoo_artifact):
     assert m["model"] == "k3-tiny" and m["flavour"] == "ort" and m["pipeline"] == "default" and m["opset"] == 23
     assert m["config"]["hidden_size"] == 256 and m["config"]["attn_res_block_size"] == 3
     assert m["k3c_version"] == k3c.__version__
-    assert m["entries"]["prefill"]["inputs"] == [{"name": "input_ids", "dtype": "int64", "shape": ["B", "T"]}]
+    assert m["entries"]["prefill"]["inputs"] == [{"name": "input_ids", "dtype": "int64", "shape": ["B", "T"],
+                                                  "bounds": [0, 1024]}]
     assert m["entries"]["prefill"]["outputs"][0] == {"name": "logits", "dtype": "float32", "shape": ["B", "T", 1024]}
     assert m["dims"] == {"B": [1, None], "T": [1, None], "P": [1, None]}
     props = {p.key: p.value for p in onnx.load(str(out / "decode.onnx"), load_external_data=False).metadata_props}

@@ -105,3 +105,10 @@ def test_bad_flavour_option_and_directory(tmp_path):
         OnnxBackend().lower({}, tmp_path, target="cuda")
     with pytest.raises(FileNotFoundError, match="not a k3c ONNX artifact"):
         OnnxRunner(tmp_path)
+
+
+def test_token_id_out_of_range_names_the_input(k3_artifact):
+    _, _, _, runner = k3_artifact
+    assert runner.manifest["entries"]["prefill"]["inputs"][0]["bounds"] == [0, 1024]
+    with pytest.raises(InputError, match=r"prefill input 'input_ids': id 1024 is outside \[0, 1024\)"):
+        runner.run("prefill", torch.tensor([[5, 1024, 7]]))

@@ -145,17 +145,21 @@ def test_gated_mlp(act, linear_beta):
     check(gated_mlp_case(act, linear_beta), evaluator=True)
 
 
-@pytest.mark.parametrize("N", [2, 11], ids=["gather-form", "expert-loop"])
+MOE_FORMS = [(2, False), (4, False), (11, False), (11, True)]
+MOE_IDS = ["gather-form", "batched-some-experts-idle", "batched", "expert-loop-skewed"]
+
+
+@pytest.mark.parametrize("N,skewed", MOE_FORMS, ids=MOE_IDS)
 @pytest.mark.parametrize("op", ["moe_gate_up", "moe_down"])
-def test_moe_pieces(op, N):
-    check(moe_case(op, N), evaluator=True)
+def test_moe_pieces(op, N, skewed):
+    check(moe_case(op, N, skewed=skewed), evaluator=True)
 
 
-@pytest.mark.parametrize("N", [2, 11], ids=["gather-form", "expert-loop"])
+@pytest.mark.parametrize("N,skewed", MOE_FORMS, ids=MOE_IDS)
 @pytest.mark.parametrize("act", ["situ", "silu"])
 @pytest.mark.parametrize("flavour", FLAVOURS)
-def test_moe_experts(act, N, flavour):
-    check(moe_case("moe_experts", N, act), flavour, evaluator=flavour == "portable")
+def test_moe_experts(act, N, skewed, flavour):
+    check(moe_case("moe_experts", N, act, skewed=skewed), flavour, evaluator=flavour == "portable")
 
 
 def test_ort_moe_negative_weights_take_the_body():

@@ -3,8 +3,11 @@
 
 The expert ops pick one of two exact forms at run time (an If on the routed slot count):
   few slots (decode), N * k <= E: gather each slot's expert weights, one batched matmul;
-  many slots (prefill): a Loop over the E experts, each taking the tokens routed to it
-  (NonZero), one GEMM, and ScatterND(add) into the result: work grows with N * k, not N * E.
+  many slots, balanced routing (padding at most doubles the work): the slots grouped by
+  expert and padded to the busiest expert's count, one batched MatMul per projection over
+  [E, cap, D], ScatterND(add) back to the tokens: no Loop, no per-expert copies;
+  many slots, skewed routing: a Loop over the E experts, each taking the slots routed to it
+  (NonZero), one GEMM each, ScatterND(add) into the result.
 """
 
 from __future__ import annotations
@@ -70,6 +73,46 @@ def _gated_mlp_silu(b, x, w):
 
 # ---- routed experts ------------------------------------------------------------------------
 
+def _slot_batches(b: Builder, idx: str, E: str) -> tuple[str, str]:
+    """The routed slots grouped by expert, padded to the busiest expert's count `cap`:
+    slots [E * cap] holds, for each expert in turn, the flat slot ids n * k + j routed to it
+    (in slot order) and then N * k (a padding slot). No Loop, no data-dependent shapes
+    but `cap`; the padding costs (cap * E - N * k) rows of work."""
+    flat = b.Reshape(idx, b.ints([-1]))  # [N k]: the expert of every slot
+    n_slots = b.Shape(flat)
+    experts = b.Range(b.const(0, "i64"), b.squeeze(E, 0), b.const(1, "i64"))
+    onehot = b.Cast(b.Equal(b.unsqueeze(flat, 1), b.unsqueeze(experts, 0)), to=7)  # [N k, E] int64
+    rank = b.ReduceSum(b.Mul(b.CumSum(onehot, b.const(0, "i64")), onehot), b.ints([1]), keepdims=0)  # 1-based
+    cap = b.ReduceMax(b.ReduceSum(onehot, b.ints([0]), keepdims=0), keepdims=1)  # [1]
+    dest = b.Add(b.Mul(flat, cap), b.Sub(rank, b.ints([1])))
+    padding = b.Expand(n_slots, b.Mul(E, cap))
+    slots = b.ScatterElements(padding, dest, b.Range(b.const(0, "i64"), b.squeeze(n_slots, 0), b.const(1, "i64")))
+    return slots, cap
+
+
+def _rows(b: Builder, x: str, slots: str, E: str, cap: str) -> str:
+    """x [M, D] rows at `slots` (the padding slot M reads a zero row) as [E, cap, D]."""
+    padded = b.Concat(x, b.Mul(b.Slice(x, b.ints([0]), b.ints([1]), b.ints([0])), b.const(0.0)), axis=0)
+    return b.Reshape(b.Gather(padded, slots, axis=0), b.Concat(E, cap, b.ints([-1]), axis=0))
+
+
+def _by_expert(b: Builder, rows: str, w: str) -> str:
+    """rows [E, cap, D] through each expert's w [E, O, D]: [E, cap, O], one batched MatMul."""
+    return b.MatMul(rows, b.Transpose(w, perm=[0, 2, 1]))
+
+
+def _combine(b: Builder, out: str, slots: str, w: str, k: str, N: str) -> str:
+    """y[n] = sum over n's slots of w[slot] * out[slot]: out [E, cap, D] -> y [N, D]."""
+    D = b.shape_of(out, -1)
+    flat = b.Reshape(out, b.Concat(b.ints([-1]), D, axis=0))
+    w_pad = b.Concat(b.Reshape(w, b.ints([-1])), b.const([0.0]), axis=0)  # the padding slot weighs 0
+    weighted = b.Mul(flat, b.unsqueeze(b.Gather(w_pad, slots, axis=0), 1))
+    token = b.unsqueeze(b.Div(slots, k), 1)  # padding lands on row N, dropped below
+    y = b.ScatterND(b.Expand(b.const(0.0), b.Concat(b.Add(N, b.ints([1])), D, axis=0)), token, weighted,
+                    reduction="add")
+    return b.Slice(y, b.ints([0]), N, b.ints([0]))
+
+
 def _per_expert(b: Builder, idx: str, E: str, acc0: str, rank: int, step) -> str:
     """Loop e over the E experts: acc = step(s, e, pos) with pos [M, 2] the (token, slot)
     pairs routed to e (M varies with e)."""
@@ -84,19 +127,35 @@ def _per_expert(b: Builder, idx: str, E: str, acc0: str, rank: int, step) -> str
 
 
 def _few_slots(b: Builder, idx: str, E: str) -> str:
-    """bool: N * k <= E, where gathering each slot's weights beats a Loop over experts."""
+    """bool: N * k <= E, where gathering each slot's weights reads less than every expert."""
     slots = b.ReduceProd(b.Shape(idx), keepdims=1)
     return b.squeeze(b.Not(b.Greater(slots, E)), 0)
+
+
+def _balanced(b: Builder, idx: str, E: str) -> str:
+    """bool: padding every expert to the busiest one's count at most doubles the work."""
+    _, cap = _slot_batches(b, idx, E)
+    slots = b.ReduceProd(b.Shape(idx), keepdims=1)
+    return b.squeeze(b.Not(b.Greater(b.Mul(E, cap), b.Mul(slots, b.ints([2])))), 0)
+
+
+def _choose(b: Builder, idx: str, E: str, gathered, batched, loop, rank: int) -> str:
+    """gathered when N * k <= E (decode), else batched when routing is balanced, else the Loop."""
+    def many(s: Builder) -> str:
+        return s.op("If", [_balanced(s, idx, E)], 1, then_branch=_branch("batched", batched, rank),
+                    else_branch=_branch("loop", loop, rank))
+    return b.op("If", [_few_slots(b, idx, E)], 1, then_branch=_branch("gather", gathered, rank),
+                else_branch=_branch("many", many, rank))
+
+
+def _zeros(b: Builder, shape: str) -> str:
+    return b.Expand(b.const(0.0), shape)
 
 
 def _branch(name: str, build, rank: int) -> object:
     s = Builder(name)
     out = build(s)
     return subgraph(s, name, [], [(out, "f32", rank)])
-
-
-def _zeros(b: Builder, shape: str) -> str:
-    return b.Expand(b.const(0.0), shape)
 
 
 def gate_up_gathered(s: Builder, h: str, w13: str, idx: str) -> str:
@@ -115,6 +174,17 @@ def moe_gate_up(b: Builder, h, w13, idx):
     """gu[n, j] = w13[idx[n, j]] @ h[n]: h [N, D], w13 [E, 2I, D], idx [N, k] -> [N, k, 2I]."""
     E = b.shape_of(w13, 0)
 
+    def batched(s: Builder) -> str:
+        slots, cap = _slot_batches(s, idx, E)
+        k = s.shape_of(idx, 1)
+        gu = _by_expert(s, _rows(s, h, s.Div(slots, k), E, cap), w13)  # [E, cap, 2I]
+        width = s.shape_of(w13, 1)
+        n_slots = s.ReduceProd(s.Shape(idx), keepdims=1)
+        # each slot is filled once; the padding slot (N k) is an extra row, dropped
+        out = s.ScatterND(s.Expand(s.const(0.0), s.Concat(s.Add(n_slots, s.ints([1])), width, axis=0)),
+                          s.unsqueeze(slots, 1), s.Reshape(gu, s.Concat(s.ints([-1]), width, axis=0)))
+        return s.Reshape(s.Slice(out, s.ints([0]), n_slots, s.ints([0])), s.Concat(s.Shape(idx), width, axis=0))
+
     def loop(s: Builder) -> str:
         def step(t: Builder, e, pos, acc):
             hs = t.Gather(h, t.Gather(pos, t.const(0, "i64"), axis=1), axis=0)  # [M, D]
@@ -122,15 +192,19 @@ def moe_gate_up(b: Builder, h, w13, idx):
         shape = s.Concat(s.Shape(idx), s.shape_of(w13, 1), axis=0)
         return _per_expert(s, idx, E, _zeros(s, shape), 3, step)
 
-    return b.op("If", [_few_slots(b, idx, E)], 1,
-                then_branch=_branch("gather", lambda s: gate_up_gathered(s, h, w13, idx), 3),
-                else_branch=_branch("loop", loop, 3))
+    return _choose(b, idx, E, lambda s: gate_up_gathered(s, h, w13, idx), batched, loop, 3)
 
 
 @function("moe_down", "a w2 idx w", "y")
 def moe_down(b: Builder, a, w2, idx, w):
     """y[n] = sum_j w[n, j] * w2[idx[n, j]] @ a[n, j]: a [N, k, I], w2 [E, D, I] -> [N, D]."""
     E = b.shape_of(w2, 0)
+
+    def batched(s: Builder) -> str:
+        slots, cap = _slot_batches(s, idx, E)
+        flat = s.Reshape(a, s.Concat(s.ints([-1]), s.shape_of(a, 2), axis=0))  # [N k, I]
+        out = _by_expert(s, _rows(s, flat, slots, E, cap), w2)
+        return _combine(s, out, slots, w, s.shape_of(idx, 1), s.shape_of(a, 0))
 
     def loop(s: Builder) -> str:
         def step(t: Builder, e, pos, acc):
@@ -141,9 +215,7 @@ def moe_down(b: Builder, a, w2, idx, w):
         shape = s.Concat(s.shape_of(a, 0), s.shape_of(w2, 1), axis=0)
         return _per_expert(s, idx, E, _zeros(s, shape), 2, step)
 
-    return b.op("If", [_few_slots(b, idx, E)], 1,
-                then_branch=_branch("gather", lambda s: down_gathered(s, a, w2, idx, w), 2),
-                else_branch=_branch("loop", loop, 2))
+    return _choose(b, idx, E, lambda s: down_gathered(s, a, w2, idx, w), batched, loop, 2)
 
 
 def moe_experts(b: Builder, h, w13, w2, idx, w, act: str, beta=None, linear_beta=None) -> str:
@@ -157,6 +229,13 @@ def moe_experts(b: Builder, h, w13, w2, idx, w, act: str, beta=None, linear_beta
         gu = gate_up_gathered(s, h, w13, idx)
         return down_gathered(s, activation(s, gu, act, beta, linear_beta), w2, idx, w)
 
+    def batched(s: Builder) -> str:
+        slots, cap = _slot_batches(s, idx, E)
+        k = s.shape_of(idx, 1)
+        gu = _by_expert(s, _rows(s, h, s.Div(slots, k), E, cap), w13)  # [E, cap, 2I]
+        out = _by_expert(s, activation(s, gu, act, beta, linear_beta), w2)  # [E, cap, D_out]
+        return _combine(s, out, slots, w, k, s.shape_of(h, 0))
+
     def loop(s: Builder) -> str:
         def step(t: Builder, e, pos, acc):
             rows = t.Gather(pos, t.ints([0]), axis=1)  # [M, 1]
@@ -168,8 +247,7 @@ def moe_experts(b: Builder, h, w13, w2, idx, w, act: str, beta=None, linear_beta
         shape = s.Concat(s.shape_of(h, 0), s.shape_of(w2, 1), axis=0)
         return _per_expert(s, idx, E, _zeros(s, shape), 2, step)
 
-    return b.op("If", [_few_slots(b, idx, E)], 1, then_branch=_branch("gather", gathered, 2),
-                else_branch=_branch("loop", loop, 2))
+    return _choose(b, idx, E, gathered, batched, loop, 2)
 
 
 _EXPERTS = "h w13 w2 idx w"

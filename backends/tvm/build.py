@@ -10,6 +10,7 @@ fusion (schedules.py). The artifact of `lower`:
                                transform_params), loadable with tvm.runtime.load_module
     DIR/weights.safetensors    the weights, by IR name, as the graphs hold them
     DIR/manifest.json          target, weight order, and per entry its inputs, outputs and dims
+    DIR/kernels.cu             (cuda only) the generated CUDA source, for reading
 """
 
 from __future__ import annotations
@@ -127,4 +128,17 @@ def export(ex, graphs: dict[str, Graph], out_dir: Path, target: str, options: di
             weights.setdefault(name, t.detach().contiguous().clone())  # tied weights become copies
     save_file(weights, str(out_dir / "weights.safetensors"))
     (out_dir / "manifest.json").write_text(json.dumps(manifest(graphs, target, options, seconds), indent=1))
+    if target == "cuda":
+        (out_dir / "kernels.cu").write_text(device_source(ex))
     return out_dir
+
+
+def device_source(ex) -> str:
+    """The generated device (CUDA) source of an executable, "" when it has none."""
+    found, todo = [], list(ex.mod.imports)
+    while todo:
+        m = todo.pop()
+        if m.kind == "cuda":
+            found.append(m.inspect_source())
+        todo.extend(m.imports)
+    return "\n".join(found)

@@ -18,13 +18,14 @@ import sympy
 from tvm import relax
 
 from ...ir import dims as D
+from ...kernels.attention.tvm import KEY_BLOCK, causal_attention
 from ...kernels.attention.tvm import SCHEDULES as ATTN_SCHEDULES
-from ...kernels.attention.tvm import causal_attention
 from ...kernels.attn_res.tvm import SCHEDULES as RES_SCHEDULES
 from ...kernels.attn_res.tvm import attn_res_mix
 from ...kernels.kda.tvm import recurrent
 from ...kernels.linear_attention.tvm import recurrent as linear_recurrent
-from ...kernels.moe.tvm import DOWN_SCHEDULES, GATE_UP_SCHEDULES, moe_down, moe_gate_up
+from ...kernels.moe.tvm import SCHEDULES as MOE_SCHEDULES
+from ...kernels.moe.tvm import moe_down, moe_gate_up
 from ...kernels.short_conv.tvm import SCHEDULES as CONV_SCHEDULES
 from ...kernels.short_conv.tvm import short_conv
 from ...kernels.situ.tvm import situ
@@ -88,11 +89,15 @@ def _short_conv(ctx: LowerContext, node, x, w, state):
 
 # ---------------------------------------------------------------------------- attention
 
-def attention(ctx: LowerContext, q, k, v, H: int, G: int, D_: int, Dv: int, scale: float, out_shape) -> relax.Expr:
-    """The causal attention kernel on q [B, L, H, D], k [B, S, G, D], v [B, S, G, Dv]."""
-    gv = ctx.kernel(("causal_attention", H, G, D_, Dv, scale),
+def attention(ctx: LowerContext, q, k, v, H: int, G: int, D_: int, Dv: int, scale: float, out_shape,
+              name: str = "causal_attention") -> relax.Expr:
+    """The causal attention kernel on q [B, L, H, D], k [B, S, G, D], v [B, S, G, Dv]
+    (the kernel takes the keys transposed and padded by a key block, [B, G, D, S + KB])."""
+    gv = ctx.kernel((name, H, G, D_, Dv, scale),
                     lambda: causal_attention(H, G, D_, Dv, scale, ctx.target), ATTN_SCHEDULES)
-    return ctx.call_tir(gv, [q, k, v], [relax.TensorType(out_shape, "float32")])[0]
+    pad = R.zeros(relax.ShapeExpr([out_shape[0], G, D_, KEY_BLOCK]), "float32")
+    kT = ctx.bb.emit(R.concat([R.permute_dims(k, [0, 2, 3, 1]), pad], axis=3))
+    return ctx.call_tir(gv, [q, kT, v], [relax.TensorType(out_shape, "float32")])[0]
 
 
 def _causal_attention(ctx: LowerContext, node, q, k, v):
@@ -130,7 +135,7 @@ def mla_absorbed(ctx: LowerContext, node, q, ckv, krope, w_uk, w_uv, H: int, Dn:
     q_abs = R.concat([R.reshape(q_lat, relax.ShapeExpr([B, T, H, Dc])), q_rope], axis=3)
     k_abs = R.expand_dims(R.concat([ckv, krope], axis=2), [2])  # [B, S, 1, Dc + Dr]
     o_lat = attention(ctx, ctx.bb.emit(q_abs), ctx.bb.emit(k_abs), ctx.bb.emit(R.expand_dims(ckv, [2])),
-                      H, 1, Dc + Dr, Dc, scale, [B, T, H, Dc])
+                      H, 1, Dc + Dr, Dc, scale, [B, T, H, Dc], name="mla_latent_attention")
     o_heads = R.permute_dims(R.reshape(o_lat, relax.ShapeExpr([rows, H, Dc])), [1, 0, 2])  # [H, BT, Dc]
     o = R.matmul(o_heads, R.permute_dims(w_uv, [0, 2, 1]))  # [H, BT, Dv]
     return R.reshape(R.permute_dims(o, [1, 0, 2]), relax.ShapeExpr([B, T, H, Dv]))
@@ -174,13 +179,13 @@ def _attn_res_mix(ctx: LowerContext, node, V, w, n):
 # ----------------------------------------------------------------------------------- MoE
 
 def _gate_up(ctx: LowerContext, h, w13, idx, E: int, D_: int, I2: int, k: int, N) -> relax.Expr:
-    gv = ctx.kernel(("moe_gate_up", E, D_, I2, k), lambda: moe_gate_up(E, D_, I2, k), GATE_UP_SCHEDULES)
+    gv = ctx.kernel(("moe_gate_up", E, D_, I2, k), lambda: moe_gate_up(E, D_, I2, k, ctx.target), MOE_SCHEDULES)
     w13t = ctx.bb.emit(R.permute_dims(w13, [0, 2, 1]))
     return ctx.call_tir(gv, [h, w13t, idx], [relax.TensorType([N, k, I2], "float32")])[0]
 
 
 def _down(ctx: LowerContext, a, w2, idx, w, E: int, I: int, Dout: int, k: int, N) -> relax.Expr:
-    gv = ctx.kernel(("moe_down", E, I, Dout, k), lambda: moe_down(E, I, Dout, k), DOWN_SCHEDULES)
+    gv = ctx.kernel(("moe_down", E, I, Dout, k), lambda: moe_down(E, I, Dout, k, ctx.target), MOE_SCHEDULES)
     w2t = ctx.bb.emit(R.permute_dims(w2, [0, 2, 1]))
     return ctx.call_tir(gv, [a, w2t, idx, w], [relax.TensorType([N, Dout], "float32")])[0]
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 
+import sympy
 from tvm import relax
 
 from ...ir import Graph, Node
@@ -53,12 +54,22 @@ def weight_types(graphs: dict[str, Graph]) -> dict:
     return out
 
 
+def _check_dims_bound(graph: Graph) -> None:
+    """Relax learns a dim from an input whose shape has it on its own: say which one is missing."""
+    plain = {d.name for n in graph.inputs for d in graph.types[n].shape if isinstance(d, sympy.Symbol)}
+    for name in graph.dims:
+        if name not in plain:
+            raise ValueError(f"tvm: dim {name} of {graph.name} is not the size of any input axis on its own "
+                             f"(only inside expressions), so the compiled function could not learn it")
+
+
 def lower_graph(bb: relax.BlockBuilder, graph: Graph, entry: str, weights: list[str], wtypes: dict,
                 target: str, options: dict | None = None, kernels: dict | None = None) -> None:
     """Add the Relax function `entry` computing `graph` to the BlockBuilder's module.
 
     `kernels` (key -> GlobalVar) lets the entries of one module share their TensorIR kernels.
     """
+    _check_dims_bound(graph)
     ctx = LowerContext(bb, graph, target, options, kernels)
     params = [relax.Var(var_name(n), ctx.relax_type(graph.types[n])) for n in graph.inputs]
     params += [relax.Var(var_name(w), ctx.relax_type(wtypes[w])) for w in weights]

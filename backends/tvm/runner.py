@@ -29,6 +29,10 @@ DTYPES = {"f64": torch.float64, "f32": torch.float32, "f16": torch.float16, "bf1
           "i64": torch.int64, "i32": torch.int32, "i8": torch.int8, "u8": torch.uint8, "bool": torch.bool}
 
 
+def _fmt(spec: dict) -> str:
+    return f"{spec['dtype']}[{', '.join(spec['shape'])}]"
+
+
 @dataclass
 class Entry:
     """What an entry takes and returns (from the manifest)."""
@@ -64,6 +68,7 @@ class TvmRunner:
         self._vm = None
         self._params = None
         self._device = None
+        self._parsed: dict[str, list] = {}
 
     # ---- start up ------------------------------------------------------------------
     def _start(self) -> None:
@@ -81,28 +86,37 @@ class TvmRunner:
         self._vm, self._device = vm, dev
 
     # ---- running -------------------------------------------------------------------
+    def _shapes(self, entry: str) -> list[list]:
+        """The input shapes of an entry as dims (ints and sympy expressions), parsed once."""
+        if entry not in self._parsed:
+            e = self.entries[entry]
+            symbols = {n: D.sym(n) for n in e.dims}
+            self._parsed[entry] = [[D.parse(text, symbols) for text in spec["shape"]] for spec in e.inputs]
+        return self._parsed[entry]
+
     def check_inputs(self, entry: str, inputs) -> None:
         """Raise InputError naming the first input that does not fit `entry`."""
         e = self.entries[entry]
         if len(inputs) != len(e.inputs):
             raise InputError(f"{entry} takes {len(e.inputs)} inputs ({', '.join(e.input_names)}), got {len(inputs)}")
-        symbols = {n: D.sym(n) for n in e.dims}
+        shapes = self._shapes(entry)
         env: dict[str, int] = {}
-        for spec, x in zip(e.inputs, inputs):
-            want = f"{spec['dtype']}[{', '.join(spec['shape'])}]"
-            if not isinstance(x, torch.Tensor) or x.dtype != DTYPES[spec["dtype"]] or x.dim() != len(spec["shape"]):
+        for spec, shape, x in zip(e.inputs, shapes, inputs):
+            if not isinstance(x, torch.Tensor) or x.dtype != DTYPES[spec["dtype"]] or x.dim() != len(shape):
                 got = f"{x.dtype} {list(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
-                raise InputError(f"input {spec['name']!r}: expected {want}, got {got}")
-            for axis, text in enumerate(spec["shape"]):
-                d = D.parse(text, symbols)
+                raise InputError(f"input {spec['name']!r}: expected {_fmt(spec)}, got {got}")
+            for axis, d in enumerate(shape):
                 if isinstance(d, sympy.Symbol):
                     env.setdefault(d.name, int(x.shape[axis]))
-        for spec, x in zip(e.inputs, inputs):
-            for axis, text in enumerate(spec["shape"]):
-                expected = D.evaluate(D.parse(text, symbols), env)
+        for spec, shape, x in zip(e.inputs, shapes, inputs):
+            for axis, d in enumerate(shape):
+                if isinstance(d, int):
+                    expected = d
+                else:
+                    expected = env[d.name] if isinstance(d, sympy.Symbol) else D.evaluate(d, env)
                 if int(x.shape[axis]) != expected:
-                    raise InputError(f"input {spec['name']!r}: expected {spec['dtype']}[{', '.join(spec['shape'])}], "
-                                     f"got {list(x.shape)} (dim {axis} is {x.shape[axis]}, expected {expected})")
+                    raise InputError(f"input {spec['name']!r}: expected {_fmt(spec)}, got {list(x.shape)} "
+                                     f"(dim {axis} is {x.shape[axis]}, expected {expected})")
         for n, (lo, hi) in e.dims.items():
             if n in env and (env[n] < lo or (hi is not None and env[n] > hi)):
                 raise InputError(f"dim {n} = {env[n]} is outside its range [{lo}, {hi if hi is not None else 'inf'}]")
@@ -111,13 +125,19 @@ class TvmRunner:
             if x.numel() and (int(x.min()) < 0 or int(x.max()) >= bound):
                 raise InputError(f"input {name!r}: ids must lie in [0, {bound}), got [{int(x.min())}, {int(x.max())}]")
 
+    def _to_tvm(self, x: torch.Tensor):
+        """Zero-copy on the CPU when the data is 64-byte aligned (what TVM requires), else a copy."""
+        x = x.detach().contiguous()
+        if self.target == "llvm" and x.device.type == "cpu" and x.data_ptr() % 64 == 0:
+            return tvm.runtime.from_dlpack(x)
+        return tvm.runtime.tensor(x.cpu().numpy(), self._device)
+
     def run(self, entry: str, *inputs: torch.Tensor) -> list[torch.Tensor]:
         if entry not in self.entries:
             raise KeyError(f"no entry {entry!r} in {self.out_dir}; it has {', '.join(self.entries)}")
         self.check_inputs(entry, inputs)
         if self._vm is None:
             self._start()
-        args = [tvm.runtime.from_dlpack(x.detach().contiguous()) if self.target == "llvm"
-                else tvm.runtime.tensor(x.detach().cpu().numpy(), self._device) for x in inputs]
+        args = [self._to_tvm(x) for x in inputs]
         outs = self._vm[entry](*args, *self._params)
         return [torch.from_dlpack(o).cpu() if self.target == "llvm" else torch.from_numpy(o.numpy()) for o in outs]

@@ -5,16 +5,14 @@ are fused GEMMs, norms, softmaxes and elementwise chains. Both targets use `s_ti
 `ApplyDefaultSchedule` with a list of rules, first match wins:
 
 - cuda: dlight's GPU defaults (Matmul, GEMV, Reduction, GeneralReduction, Fallback).
-- llvm: `CpuMatmul` (register-tiled GEMM with its epilogue, parallel tiles, vector columns),
-  dlight's CPU `Reduction` (softmax / norms), `CpuInjective` (elementwise chains inlined,
-  flattened, parallel and vectorized) and `CpuParallel` (anything else: outer loops in
-  parallel). A rule that does not fit returns None, so the next one is tried; a function no
-  rule fits stays as legalized (correct, serial).
+- llvm: `CpuSchedule`, which tries in order `CpuMatmul` (register-tiled GEMM with its
+  epilogue, parallel tiles, vector columns), dlight's CPU `Reduction` (softmax / norms),
+  `CpuInjective` (elementwise chains inlined, flattened, parallel and vectorized) and
+  `CpuParallel` (anything else: outer loops in parallel). A rule that does not fit is
+  skipped; a function no rule fits stays as legalized (correct, serial).
 """
 
 from __future__ import annotations
-
-import functools
 
 import tvm
 from tvm import s_tir, tirx
@@ -26,21 +24,6 @@ from tvm.target import Target
 
 def _is_llvm(target: Target) -> bool:
     return target.kind.name == "llvm"
-
-
-def _safe(apply):
-    """A rule that fails midway is a rule that does not apply: try the next."""
-
-    @functools.wraps(apply)
-    def wrapped(self, func, target, tunable):
-        if not isinstance(func, tirx.PrimFunc) or not _is_llvm(target):
-            return None
-        try:
-            return apply(self, func, target, tunable)
-        except Exception:  # noqa: BLE001  (any failure: the rule does not apply)
-            return None
-
-    return wrapped
 
 
 def _inline_spatial(sch: s_tir.Schedule, blocks, keep) -> None:
@@ -57,33 +40,47 @@ def _inline_spatial(sch: s_tir.Schedule, blocks, keep) -> None:
                 pass
 
 
-class CpuMatmul(ScheduleRule):
+class CpuMatmul:
     """out[..., m, n] = sum_k a[..., m, k] b[..., k, n] (+ injective epilogue).
 
     Tiles of `rows` x `cols` outputs accumulate in registers (`cache_write` to local), the
     columns in vectors; the k loop runs inside the tile; tiles run in parallel, column tiles
-    outermost so that consecutive tiles share a strip of b.
+    outermost so that consecutive tiles share a strip of b. Narrow shapes get narrower tiles
+    (a decode step has one row).
     """
 
-    def __init__(self, rows: int = 4, cols: int = 16, lanes: int = 8):
+    def __init__(self, rows: int = 4, cols: int = 32, lanes: int = 8):
         self.rows, self.cols, self.lanes = rows, cols, lanes
 
-    @_safe
-    def apply(self, func, target, _):
-        sch = s_tir.Schedule(func)
-        infos = normalize_prim_func(sch)
-        if not infos:
-            return None
+    @staticmethod
+    def fits(sch: s_tir.Schedule, infos) -> bool:
         mains = [b for b in infos if b.is_reduction()]
         if len(mains) != 1 or mains[0].dom_kind().count("R") != 1 or not mains[0].dom_kind().endswith("SR"):
-            return None
-        main = mains[0].block_rv
-        if len(sch.get(main).writes) != 1 or len(sch.get(main).reads) != 2:
-            return None
+            return False
+        block = sch.get(mains[0].block_rv)
+        return len(block.writes) == 1 and len(block.reads) == 2 and len(sch.get_loops(mains[0].block_rv)) >= 3
+
+    @staticmethod
+    def _tile(extent, full: int) -> int:
+        """The tile of a dim: `full`, or for a static dim the largest power of two up to `full`
+        that divides it (a ragged tile would need a per-lane predicate, which stops
+        vectorization)."""
+        if not isinstance(extent, int):
+            return full
+        tile = full
+        while tile > 1 and extent % tile:
+            tile //= 2
+        return tile
+
+    def schedule(self, sch: s_tir.Schedule, infos) -> None:
+        main = next(b for b in infos if b.is_reduction()).block_rv
         _inline_spatial(sch, infos, main)
         *batch, m, n, k = sch.get_loops(main)
-        mo, mi = sch.split(m, factors=[None, self.rows])
-        no, ni = sch.split(n, factors=[None, self.cols])
+        m_extent = get_extent(sch, m)
+        rows = min(self.rows, m_extent) if isinstance(m_extent, int) else self.rows
+        cols = self._tile(get_extent(sch, n), self.cols)
+        mo, mi = sch.split(m, factors=[None, rows])
+        no, ni = sch.split(n, factors=[None, cols])
         sch.reorder(*batch, no, mo, k, mi, ni)
         acc = sch.cache_write(main, 0, "local")
         sch.reverse_compute_at(acc, mo, preserve_unit_loops=True)
@@ -101,54 +98,46 @@ class CpuMatmul(ScheduleRule):
             consumers = sch.get_consumers(acc)
         sch.vectorize(sch.get_loops(acc)[-1])
         sch.decompose_reduction(main, k)
-        return sch
 
 
-class CpuInjective(ScheduleRule):
-    """Elementwise chains: inline into the last block, flatten it, parallel chunks of vectors."""
+class CpuInjective:
+    """Elementwise chains: inline into the last block; its innermost loop in vectors (when
+    its static extent divides into them), the loops outside it fused and in parallel."""
 
-    def __init__(self, lanes: int = 8, chunk: int = 4096):
-        self.lanes, self.chunk = lanes, chunk
+    def __init__(self, lanes: int = 8, small: int = 4096):
+        self.lanes, self.small = lanes, small
 
-    @_safe
-    def apply(self, func, target, _):
-        sch = s_tir.Schedule(func)
-        infos = normalize_prim_func(sch)
-        if not infos or not all(b.is_injective() for b in infos):
-            return None
+    @staticmethod
+    def fits(sch: s_tir.Schedule, infos) -> bool:
+        return all(b.is_injective() for b in infos)
+
+    def schedule(self, sch: s_tir.Schedule, infos) -> None:
         last = infos[-1].block_rv
         _inline_spatial(sch, infos, last)
         loops = sch.get_loops(last)
         if not loops:
-            return sch
-        fused = sch.fuse(*loops)
+            return
+        outer = list(loops)
+        inner = get_extent(sch, loops[-1])
+        lanes = CpuMatmul._tile(inner, self.lanes) if isinstance(inner, int) else 1
+        if lanes > 1:
+            io, ii = sch.split(loops[-1], factors=[None, lanes])
+            sch.vectorize(ii)
+            outer = outer[:-1] + [io]
+        fused = sch.fuse(*outer) if len(outer) > 1 else outer[0]
         extent = get_extent(sch, fused)
-        if isinstance(extent, int) and extent <= self.lanes:
-            return sch
-        outer, inner = sch.split(fused, factors=[None, self.lanes])
-        if not isinstance(extent, int) or extent > self.chunk:
-            sch.parallel(outer)
-        sch.vectorize(inner)
-        return sch
+        if not isinstance(extent, int) or extent * lanes > self.small:
+            sch.parallel(fused)
 
 
-class CpuReduction(dl.cpu.Reduction):
-    """dlight's CPU rule for softmax and norms, made safe to try."""
-
-    @_safe
-    def apply(self, func, target, tunable):
-        return super().apply(func, target, tunable)
-
-
-class CpuParallel(ScheduleRule):
+class CpuParallel:
     """Anything else: inline what can be, run each block's outer spatial loops in parallel."""
 
-    @_safe
-    def apply(self, func, target, _):
-        sch = s_tir.Schedule(func)
-        infos = normalize_prim_func(sch)
-        if not infos:
-            return None
+    @staticmethod
+    def fits(sch: s_tir.Schedule, infos) -> bool:
+        return True
+
+    def schedule(self, sch: s_tir.Schedule, infos) -> None:
         _inline_spatial(sch, infos, infos[-1].block_rv)
         done = False
         for info in normalize_prim_func(sch) or []:
@@ -162,7 +151,46 @@ class CpuParallel(ScheduleRule):
                 done = True
             except Exception:  # noqa: BLE001
                 continue
-        return sch if done else None
+        if not done:
+            raise ValueError("no parallel loop")
+
+
+class CpuSchedule(ScheduleRule):
+    """The llvm rules in order: GEMM, dlight's CPU Reduction (softmax, norms), elementwise,
+    parallel outer loops. The function's blocks are analysed once; a rule that fails midway
+    leaves the next one a fresh schedule."""
+
+    def __init__(self):
+        self.reduction = dl.cpu.Reduction()
+        self.rules = [CpuMatmul(), "reduction", CpuInjective(), CpuParallel()]
+
+    def apply(self, func, target, tunable):
+        if not isinstance(func, tirx.PrimFunc) or not _is_llvm(target):
+            return None
+        sch = s_tir.Schedule(func)
+        infos = normalize_prim_func(sch)
+        if not infos:
+            return None
+        for rule in self.rules:
+            if rule == "reduction":
+                if all(b.is_injective() for b in infos):
+                    continue
+                try:
+                    out = self.reduction.apply(func, target, tunable)
+                except Exception:  # noqa: BLE001
+                    out = None
+                if out is not None:
+                    return out
+                continue
+            if not rule.fits(sch, infos):
+                continue
+            try:
+                rule.schedule(sch, infos)
+                return sch
+            except Exception:  # noqa: BLE001  (any failure: the rule does not apply)
+                sch = s_tir.Schedule(func)
+                infos = normalize_prim_func(sch)
+        return None
 
 
 def default_schedule(target: Target) -> tvm.transform.Pass:
@@ -170,4 +198,4 @@ def default_schedule(target: Target) -> tvm.transform.Pass:
     if target.kind.name == "cuda":
         return dl.ApplyDefaultSchedule(dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(),
                                        dl.gpu.GeneralReduction(), dl.gpu.Fallback())
-    return dl.ApplyDefaultSchedule(CpuMatmul(), CpuReduction(), CpuInjective(), CpuParallel())
+    return dl.ApplyDefaultSchedule(CpuSchedule())

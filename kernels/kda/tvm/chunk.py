@@ -25,7 +25,7 @@ from __future__ import annotations
 from tvm import s_tir, tirx
 from tvm.script import tirx as T
 
-from ...common.tvm import inner_loop
+from ...common.tvm import exp_vec, inner_loop
 from ...delta_chunk import EXP_FLOOR
 
 GATES = ("channel", "head", "none", "linear")
@@ -37,8 +37,8 @@ def _check(gate: str) -> None:
 
 
 def _decay(x):
-    """exp(max(x, EXP_FLOOR)) for a log-decay x <= 0."""
-    return T.exp(T.max(x, T.float32(EXP_FLOOR)))
+    """exp(max(x, EXP_FLOOR)) for a log-decay x <= 0 (an exp that stays in vectors)."""
+    return exp_vec(T.max(x, T.float32(EXP_FLOOR)))
 
 
 def chunk_gates(H: int, K: int, C: int, gate: str, target: str = "llvm") -> tirx.PrimFunc:
@@ -121,32 +121,41 @@ def chunk_scores(H: int, K: int, C: int, gate: str, target: str = "llvm") -> tir
                 vb, vh, vn = T.axis.remap("SSS", [b, h, n])
                 T.reads(q[vb, 0:L, vh, 0:K], k[vb, 0:L, vh, 0:K], beta[vb, 0:L, vh], G[vb, vh, vn, 0:C, 0:KD])
                 T.writes(Lm[vb, vh, vn, 0:C, 0:C], aqk[vb, vh, vn, 0:C, 0:C])
-                kc = T.alloc_buffer((C, K), "float32", scope=shared)  # the chunk's keys, zero-padded
+                # the chunk's keys and cumulative gates, transposed so that a row of scores is
+                # contiguous; zero-padded past L
+                kT = T.alloc_buffer((K, C), "float32", scope=shared)
+                GT = T.alloc_buffer((KD, C), "float32", scope=shared)
                 kk = T.alloc_buffer((C,), "float32", scope="local")
                 qk = T.alloc_buffer((C,), "float32", scope="local")
-                for c in range(C):
-                    for d in cols(K):
-                        kc[c, d] = T.if_then_else(vn * C + c < L, k[vb, T.min(vn * C + c, L - 1), vh, d], T.float32(0))
+                e = T.alloc_buffer((C,), "float32", scope="local")
+                for d in range(K):
+                    for c in cols(C):
+                        kT[d, c] = T.if_then_else(vn * C + c < L, k[vb, T.min(vn * C + c, L - 1), vh, d], T.float32(0))
+                for d in range(KD):
+                    for c in cols(C):
+                        GT[d, c] = G[vb, vh, vn, c, d]
                 for i in range(C):
                     for j in cols(C):
                         kk[j] = T.float32(0)
                         qk[j] = T.float32(0)
                     for d in range(K):
                         for j in cols(C):
-                            if channel:
-                                kk[j] = kk[j] + T.if_then_else(j <= i, kc[i, d] * kc[j, d] * _decay(
-                                    G[vb, vh, vn, i, d] - G[vb, vh, vn, T.min(j, i), d]), T.float32(0))
-                                qk[j] = qk[j] + T.if_then_else(j <= i, T.if_then_else(
-                                    vn * C + i < L, q[vb, T.min(vn * C + i, L - 1), vh, d], T.float32(0)) * kc[j, d]
-                                    * _decay(G[vb, vh, vn, i, d] - G[vb, vh, vn, T.min(j, i), d]), T.float32(0))
-                            else:
-                                kk[j] = kk[j] + kc[i, d] * kc[j, d]
+                            if channel:  # exp(G_i - G_j), its exponent <= 0 where j <= i, masked elsewhere
+                                e[j] = T.Select(j <= i, _decay(T.min(GT[d, i] - GT[d, j], T.float32(0))),
+                                                T.float32(0))
+                                kk[j] = kk[j] + kT[d, i] * kT[d, j] * e[j]
                                 qk[j] = qk[j] + T.if_then_else(
-                                    vn * C + i < L, q[vb, T.min(vn * C + i, L - 1), vh, d], T.float32(0)) * kc[j, d]
+                                    vn * C + i < L, q[vb, T.min(vn * C + i, L - 1), vh, d], T.float32(0)
+                                ) * kT[d, j] * e[j]
+                            else:
+                                kk[j] = kk[j] + kT[d, i] * kT[d, j]
+                                qk[j] = qk[j] + T.if_then_else(
+                                    vn * C + i < L, q[vb, T.min(vn * C + i, L - 1), vh, d], T.float32(0)) * kT[d, j]
                     for j in cols(C):
                         if head:
-                            kk[j] = kk[j] * _decay(G[vb, vh, vn, i, 0] - G[vb, vh, vn, T.min(j, i), 0])
-                            qk[j] = qk[j] * _decay(G[vb, vh, vn, i, 0] - G[vb, vh, vn, T.min(j, i), 0])
+                            e[j] = _decay(T.min(GT[0, i] - GT[0, j], T.float32(0)))
+                            kk[j] = kk[j] * e[j]
+                            qk[j] = qk[j] * e[j]
                         if delta:
                             Lm[vb, vh, vn, i, j] = T.if_then_else(j < i, T.if_then_else(
                                 vn * C + i < L, beta[vb, T.min(vn * C + i, L - 1), vh], T.float32(0)) * kk[j],

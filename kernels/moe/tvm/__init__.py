@@ -1,12 +1,16 @@
-"""The routed-expert GEMMs as TensorIR kernels, with static shapes (top-k indices, no sorting).
+"""The routed-expert GEMMs as TensorIR kernels, grouped by expert, with static shapes.
 
-    gate_up:  gu[n, j, :] = h[n] @ w13[idx[n, j]]^T            w13 given as [E, D, 2I]
-    down:     y[n, :]     = sum_j w[n, j] a[n, j] @ w2[idx[n, j]]^T      w2 given as [E, I, Dout]
+    gate_up:  gu[n, j, :] = h[n] @ w13[e]^T             e = idx[n, j];  w13 given as [E, D, 2I]
+    down:     y[n, :]     = sum_j w[n, j] a[n, j] @ w2[e]^T           w2 given as [E, I, Dout]
 
-Both take the expert weights transposed (the reduction dim first), so that the output
-features are contiguous: the backend's `permute_dims` of the weight is lifted into the
-one-time parameter transform. Schedules: llvm runs the tokens (and slots) in parallel with
-the output features in vectors; cuda puts a token on a block and the features on threads.
+One block per expert lists the (token, slot) pairs routed to it (a scan of idx: no sort, no
+data-dependent shapes) and runs them as a small GEMM, `rows` pairs at a time against the
+expert's weight, so each weight row is loaded once per tile of pairs rather than once per
+pair. `down` writes each pair's row and a second block adds a token's k rows, so experts
+never write the same output. The weights come transposed (the reduction dim first), so
+that output features are contiguous: the backend's `permute_dims` of them is lifted into
+the one-time parameter transform. The feature loops run as vectors (llvm) or threads (cuda);
+the schedules run the experts in parallel (llvm) or one per thread block (cuda).
 """
 
 from __future__ import annotations
@@ -14,9 +18,21 @@ from __future__ import annotations
 from tvm import s_tir, tirx
 from tvm.script import tirx as T
 
+from ...common.tvm import inner_loop
 
-def moe_gate_up(E: int, D: int, I2: int, k: int) -> tirx.PrimFunc:
+
+def _tile(n: int, full: int) -> int:
+    """The largest power of two up to `full` that divides n."""
+    t = full
+    while t > 1 and n % t:
+        t //= 2
+    return t
+
+
+def moe_gate_up(E: int, D: int, I2: int, k: int, target: str = "llvm", rows: int = 4) -> tirx.PrimFunc:
     """h [N, D], w13t [E, D, I2], idx [N, k] (int64) -> gu [N, k, I2]; float32."""
+    F = _tile(I2, 32)
+    cols = inner_loop(target)
 
     @T.prim_func(s_tir=True)
     def kernel(h_h: T.handle, w: T.Buffer((E, D, I2), "float32"), idx_h: T.handle, gu_h: T.handle):
@@ -25,18 +41,42 @@ def moe_gate_up(E: int, D: int, I2: int, k: int) -> tirx.PrimFunc:
         h = T.match_buffer(h_h, (N, D), "float32")
         idx = T.match_buffer(idx_h, (N, k), "int64")
         gu = T.match_buffer(gu_h, (N, k, I2), "float32")
-        for n, j, i, r in T.grid(N, k, I2, D):
-            with T.sblock("gate_up"):
-                vn, vj, vi, vr = T.axis.remap("SSSR", [n, j, i, r])
-                with T.init():
-                    gu[vn, vj, vi] = T.float32(0)
-                gu[vn, vj, vi] = gu[vn, vj, vi] + h[vn, vr] * w[idx[vn, vj], vr, vi]
+        pairs = T.alloc_buffer((E, N * k), "int64")  # per expert: the (token, slot) pairs routed to it
+        for e in range(E):
+            with T.sblock("expert"):
+                ve = T.axis.spatial(E, e)
+                T.reads(h[0:N, 0:D], w[ve, 0:D, 0:I2], idx[0:N, 0:k])
+                T.writes(gu[0:N, 0:k, 0:I2], pairs[ve, 0:N * k])
+                cnt = T.alloc_buffer((1,), "int64", scope="local")
+                acc = T.alloc_buffer((rows, F), "float32", scope="local")
+                cnt[0] = T.int64(0)
+                for p in range(N * k):
+                    if idx[p // k, p % k] == T.Cast("int64", ve):
+                        pairs[ve, cnt[0]] = p
+                        cnt[0] = cnt[0] + 1
+                for tile in range((cnt[0] + rows - 1) // rows):
+                    for fo in range(I2 // F):
+                        for r in range(rows):
+                            for f in cols(F):
+                                acc[r, f] = T.float32(0)
+                        for d in range(D):
+                            for r in T.unroll(rows):
+                                for f in cols(F):
+                                    acc[r, f] = acc[r, f] + h[
+                                        pairs[ve, T.min(tile * rows + r, cnt[0] - 1)] // k, d] * w[ve, d, fo * F + f]
+                        for r in range(rows):
+                            if tile * rows + r < cnt[0]:
+                                for f in cols(F):
+                                    gu[pairs[ve, tile * rows + r] // k, pairs[ve, tile * rows + r] % k,
+                                       fo * F + f] = acc[r, f]
 
     return kernel
 
 
-def moe_down(E: int, I: int, Dout: int, k: int) -> tirx.PrimFunc:
+def moe_down(E: int, I: int, Dout: int, k: int, target: str = "llvm", rows: int = 4) -> tirx.PrimFunc:
     """a [N, k, I], w2t [E, I, Dout], idx [N, k] (int64), w [N, k] -> y [N, Dout]; float32."""
+    F = _tile(Dout, 32)
+    cols = inner_loop(target)
 
     @T.prim_func(s_tir=True)
     def kernel(a_h: T.handle, w2: T.Buffer((E, I, Dout), "float32"), idx_h: T.handle, cw_h: T.handle,
@@ -47,41 +87,75 @@ def moe_down(E: int, I: int, Dout: int, k: int) -> tirx.PrimFunc:
         idx = T.match_buffer(idx_h, (N, k), "int64")
         cw = T.match_buffer(cw_h, (N, k), "float32")
         y = T.match_buffer(y_h, (N, Dout), "float32")
-        for n, d, j, r in T.grid(N, Dout, k, I):
-            with T.sblock("down"):
-                vn, vd, vj, vr = T.axis.remap("SSRR", [n, d, j, r])
-                with T.init():
-                    y[vn, vd] = T.float32(0)
-                y[vn, vd] = y[vn, vd] + cw[vn, vj] * a[vn, vj, vr] * w2[idx[vn, vj], vr, vd]
+        ys = T.alloc_buffer((N, k, Dout), "float32")  # each (token, slot)'s weighted expert output
+        pairs = T.alloc_buffer((E, N * k), "int64")  # per expert: the (token, slot) pairs routed to it
+        for e in range(E):
+            with T.sblock("expert"):
+                ve = T.axis.spatial(E, e)
+                T.reads(a[0:N, 0:k, 0:I], w2[ve, 0:I, 0:Dout], idx[0:N, 0:k], cw[0:N, 0:k])
+                T.writes(ys[0:N, 0:k, 0:Dout], pairs[ve, 0:N * k])
+                cnt = T.alloc_buffer((1,), "int64", scope="local")
+                acc = T.alloc_buffer((rows, F), "float32", scope="local")
+                cnt[0] = T.int64(0)
+                for p in range(N * k):
+                    if idx[p // k, p % k] == T.Cast("int64", ve):
+                        pairs[ve, cnt[0]] = p
+                        cnt[0] = cnt[0] + 1
+                for tile in range((cnt[0] + rows - 1) // rows):
+                    for fo in range(Dout // F):
+                        for r in range(rows):
+                            for f in cols(F):
+                                acc[r, f] = T.float32(0)
+                        for i in range(I):
+                            for r in T.unroll(rows):
+                                for f in cols(F):
+                                    acc[r, f] = acc[r, f] + a[
+                                        pairs[ve, T.min(tile * rows + r, cnt[0] - 1)] // k,
+                                        pairs[ve, T.min(tile * rows + r, cnt[0] - 1)] % k, i] * w2[ve, i, fo * F + f]
+                        for r in range(rows):
+                            if tile * rows + r < cnt[0]:
+                                for f in cols(F):
+                                    ys[pairs[ve, tile * rows + r] // k, pairs[ve, tile * rows + r] % k,
+                                       fo * F + f] = acc[r, f] * cw[pairs[ve, tile * rows + r] // k,
+                                                                    pairs[ve, tile * rows + r] % k]
+        for n, d in T.grid(N, Dout):
+            with T.sblock("combine"):
+                vn, vd = T.axis.remap("SS", [n, d])
+                T.reads(ys[vn, 0:k, vd])
+                T.writes(y[vn, vd])
+                total = T.alloc_buffer((1,), "float32", scope="local")
+                total[0] = ys[vn, 0, vd]
+                for j in range(1, k):
+                    total[0] = total[0] + ys[vn, j, vd]
+                y[vn, vd] = total[0]
 
     return kernel
 
 
-def _llvm(block: str, n_spatial: int, lanes: int = 8):
-    def schedule(sch: s_tir.Schedule) -> None:
-        blk = sch.get_sblock(block)
-        loops = sch.get_loops(blk)
-        spatial, feature, reduce = loops[: n_spatial - 1], loops[n_spatial - 1], loops[n_spatial:]
-        sch.reorder(*spatial, *reduce, feature)
-        sch.parallel(sch.fuse(*spatial))
-        fo, fi = sch.split(feature, factors=[None, lanes])
-        sch.reorder(fo, *reduce, fi)
-        sch.vectorize(fi)
-        sch.decompose_reduction(blk, reduce[0])
-
-    return schedule
+def schedule_llvm(sch: s_tir.Schedule) -> None:
+    """The experts in parallel; the combine over tokens in parallel."""
+    (e,) = sch.get_loops(sch.get_sblock("expert"))
+    sch.parallel(e)
+    try:
+        combine = sch.get_sblock("combine")
+    except s_tir.ScheduleError:
+        return
+    n, _ = sch.get_loops(combine)
+    sch.parallel(n)
 
 
-def _cuda(block: str, n_spatial: int, threads: int = 128):
-    def schedule(sch: s_tir.Schedule) -> None:
-        loops = sch.get_loops(sch.get_sblock(block))
-        spatial, feature = loops[: n_spatial - 1], loops[n_spatial - 1]
-        sch.bind(sch.fuse(*spatial), "blockIdx.x")
-        fo, fi = sch.split(feature, factors=[None, threads])
-        sch.bind(fi, "threadIdx.x")
+def schedule_cuda(sch: s_tir.Schedule, threads: int = 128) -> None:
+    """An expert per thread block (its feature loops on the threads); the combine flattened."""
+    (e,) = sch.get_loops(sch.get_sblock("expert"))
+    sch.bind(e, "blockIdx.x")
+    try:
+        combine = sch.get_sblock("combine")
+    except s_tir.ScheduleError:
+        return
+    bx, tx = sch.split(sch.fuse(*sch.get_loops(combine)), factors=[None, threads])
+    sch.bind(bx, "blockIdx.x")
+    sch.bind(tx, "threadIdx.x")
 
-    return schedule
 
-
-GATE_UP_SCHEDULES = {"llvm": _llvm("gate_up", 3), "cuda": _cuda("gate_up", 3)}
-DOWN_SCHEDULES = {"llvm": _llvm("down", 2), "cuda": _cuda("down", 2)}
+SCHEDULES = {"llvm": schedule_llvm, "cuda": schedule_cuda}
+GATE_UP_SCHEDULES = DOWN_SCHEDULES = SCHEDULES

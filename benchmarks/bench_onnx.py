@@ -5,8 +5,10 @@
 
 Every runner gets the same prompt and the same next tokens (teacher forcing), so the work is
 identical; a warm-up call on a short prompt comes first (session creation, first-run
-allocations). The ratios are eager seconds / onnxruntime seconds (> 1: onnxruntime faster).
-The last logits of each backend are compared with eager's, so a fast wrong answer shows.
+allocations). Each measurement (the prefill, the whole decode loop) is repeated `--repeat`
+times and the fastest kept: on a CPU shared with other work single timings vary by 2x and more.
+The ratios are eager seconds / onnxruntime seconds (> 1: onnxruntime faster). The last logits
+of each backend are compared with eager's, so a fast wrong answer shows.
 """
 
 from __future__ import annotations
@@ -32,28 +34,36 @@ def timed(fn, *args):
     return out, time.perf_counter() - t0
 
 
-def run_eager(model, ids, steps):
+def run_eager(model, ids, steps, repeat: int):
     with torch.no_grad():
         model.prefill(ids[:, :16])  # warm-up
-        (logits, state), t_pre = timed(model.prefill, ids)
-        t0 = time.perf_counter()
-        for x in steps:
-            logits, state = model.decode(x, state)
-        return logits, t_pre, time.perf_counter() - t0
+        t_pre = t_dec = float("inf")
+        for _ in range(repeat):
+            (logits, state), t = timed(model.prefill, ids)
+            t_pre = min(t_pre, t)
+            t0 = time.perf_counter()
+            for x in steps:
+                logits, state = model.decode(x, state)
+            t_dec = min(t_dec, time.perf_counter() - t0)
+        return logits, t_pre, t_dec
 
 
-def run_onnx(runner, ids, steps):
+def run_onnx(runner, ids, steps, repeat: int):
     names = [o["state"] for o in runner.manifest["entries"]["prefill"]["outputs"][1:]]
     order = [i["state"] for i in runner.manifest["entries"]["decode"]["inputs"][1:]]
     warm = runner.run("prefill", ids[:, :16])  # warm-up: sessions, first-run allocations
     runner.run("decode", steps[0], *[dict(zip(names, warm[1:]))[n] for n in order])
-    outs, t_pre = timed(runner.run, "prefill", ids)
-    state = dict(zip(names, outs[1:]))
-    t0 = time.perf_counter()
-    for x in steps:
-        outs = runner.run("decode", x, *[state[n] for n in order])
+    t_pre = t_dec = float("inf")
+    for _ in range(repeat):
+        outs, t = timed(runner.run, "prefill", ids)
+        t_pre = min(t_pre, t)
         state = dict(zip(names, outs[1:]))
-    return outs[0], t_pre, time.perf_counter() - t0
+        t0 = time.perf_counter()
+        for x in steps:
+            outs = runner.run("decode", x, *[state[n] for n in order])
+            state = dict(zip(names, outs[1:]))
+        t_dec = min(t_dec, time.perf_counter() - t0)
+    return outs[0], t_pre, t_dec
 
 
 def main(argv=None) -> dict:
@@ -63,6 +73,7 @@ def main(argv=None) -> dict:
     p.add_argument("--decode", type=int, default=64, help="decode steps")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--pipeline", default="default")
+    p.add_argument("--repeat", type=int, default=3, help="timings repeated, fastest kept")
     p.add_argument("--flavours", default="portable,ort")
     p.add_argument("--out", help="artifact folder (default: a temporary one)")
     p.add_argument("--json", help="write the results here")
@@ -78,11 +89,12 @@ def main(argv=None) -> dict:
     graphs = k3c.capture_entries(model, (prompt[:, :16],))
     graphs = {e: k3c.passes.run(g, args.pipeline) for e, g in graphs.items()}
     result = {"model": args.model, "batch": args.batch, "prefill_tokens": args.prefill, "decode_steps": args.decode,
+              "repeat": args.repeat,
               "pipeline": args.pipeline, "threads": torch.get_num_threads(), "cpu": platform.processor() or "?",
               "cores": os.cpu_count(), "capture_and_passes_seconds": round(time.perf_counter() - t0, 2), "rows": {}}
     print(f"{args.model}: captured and optimised in {result['capture_and_passes_seconds']:.1f}s")
 
-    ref, t_pre, t_dec = run_eager(model, prompt, steps)
+    ref, t_pre, t_dec = run_eager(model, prompt, steps, args.repeat)
     result["rows"]["eager"] = {"prefill_seconds": t_pre, "decode_seconds": t_dec}
     print(f"eager      prefill {t_pre:8.2f}s   decode {t_dec:8.2f}s")
     root = Path(args.out or tempfile.mkdtemp(prefix="k3c-bench-onnx-"))
@@ -91,7 +103,7 @@ def main(argv=None) -> dict:
         be = OnnxBackend(flavour)
         _, t_lower = timed(be.lower, graphs, out)
         runner = be.load(out)
-        logits, t_pre, t_dec = run_onnx(runner, prompt, steps)
+        logits, t_pre, t_dec = run_onnx(runner, prompt, steps, args.repeat)
         eager = result["rows"]["eager"]
         row = {"prefill_seconds": t_pre, "decode_seconds": t_dec, "lower_seconds": t_lower,
                "prefill_ratio_vs_eager": eager["prefill_seconds"] / t_pre,

@@ -24,7 +24,7 @@ from pathlib import Path
 from ...ir import Graph, Node
 from ..base import table_supports
 from .build import build, export, scheduled_module
-from .dims import DimError
+from .dims import DimError, DimMap
 from .lower import LOWERINGS
 from .runner import TvmRunner
 from .target import KINDS
@@ -55,10 +55,11 @@ class TvmBackend:
                 t = graph.types[v]
                 if t.dtype in ("f64", "f16", "bf16"):
                     return False, f"the TVM kernel of {node.op} computes in f32; %{v} is {t.dtype}"
+        dims = DimMap(graph)
         for v in node.outputs:
             for d in graph.types[v].shape:
                 try:
-                    _check_dim(d, graph)
+                    dims.expr(d)
                 except DimError as e:
                     return False, str(e)
         return True, ""
@@ -82,12 +83,6 @@ class TvmBackend:
         """The scheduled module (Relax functions and TensorIR) as TVMScript text."""
         target, opts = self._opts(options)
         return scheduled_module(graphs, target, **opts).script(show_meta=False)
-
-
-def _check_dim(d, graph: Graph) -> None:
-    from .dims import DimMap
-
-    DimMap(graph).expr(d)
 
 
 __all__ = ["TvmBackend", "TvmRunner"]

@@ -6,8 +6,6 @@ Every Relax function gets its own variables (Relax binds them from the parameter
 
 from __future__ import annotations
 
-import math
-
 import sympy
 import tvm
 from tvm import tirx
@@ -81,7 +79,3 @@ def static_int(d: D.Dim, what: str) -> int:
     if not isinstance(d, int):
         raise DimError(f"{what} must be static, got {D.to_str(d)}")
     return d
-
-
-def prod(shape) -> int:
-    return math.prod(shape)

@@ -125,3 +125,9 @@ def test_compile_cli_and_api(tmp_path, capsys):
         assert_close(runner.run("prefill", ids)[0], model(ids), what="k3c compile artifact")
         compiled = k3c.compile(model, "tvm", (ids,), out_dir=tmp_path / "api")
         assert_close(compiled(ids), model(ids), what="k3c.compile(..., backend='tvm')")
+
+
+def test_every_ir_op_has_a_tvm_lowering():
+    from k3c.backends.tvm.lower import LOWERINGS
+
+    assert sorted(set(OPS) - set(LOWERINGS)) == []

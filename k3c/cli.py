@@ -21,6 +21,13 @@ def _cmd_stats(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_ops(args: argparse.Namespace) -> int:
+    from .backends import coverage
+
+    print(coverage.markdown() if args.markdown else coverage.text())
+    return 0
+
+
 def _example_ids(model, batch: int = 2, seq_len: int = 16):
     import torch
 
@@ -154,6 +161,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--model", required=True)
     s.add_argument("--seq-len", type=int, default=4096, help="context length for FLOPs per token")
     s.set_defaults(func=_cmd_stats)
+
+    s = sub.add_parser("ops", help="the backend x op support matrix, read from the lowering tables")
+    s.add_argument("--markdown", action="store_true", help="as the Markdown table of README.md")
+    s.set_defaults(func=_cmd_ops)
 
     s = sub.add_parser("show", help="print the IR of a model (after a pass, or as Graphviz)")
     s.add_argument("--model", required=True)

@@ -161,5 +161,11 @@ LOWERINGS: dict[str, Callable] = {
     "moe_experts": _call("moe_experts", "k3c.kernels.moe.triton", attrs=("act", "beta", "linear_beta")),
 }
 
+# Ops whose statement calls a Triton kernel template (the rest call torch or join a fused group).
+KERNEL_OPS = frozenset({"rms_norm", "short_conv", "kda", "gated_delta_rule", "delta_rule", "linear_attention",
+                        "chunk_prepare", "chunk_state_scan", "chunk_output", "causal_attention", "mla_attention",
+                        "mla_attention_absorbed", "attn_res_mix", "situ", "gated_mlp", "moe_gate_up", "moe_down",
+                        "moe_experts"})
+
 # Ops of the op table the Triton backend does not lower, with the reason a user sees.
 REASONS: dict[str, str] = {}

@@ -17,6 +17,14 @@ def test_stats(capsys):
     assert "parameters" in out and "MLA latent cache" in out
 
 
+def test_ops_prints_one_row_per_op(capsys):
+    from k3c.ir.ops import OPS
+
+    assert main(["ops"]) == 0
+    rows = capsys.readouterr().out.strip().splitlines()[1:]
+    assert sorted(r.split()[1] for r in rows) == sorted(OPS)
+
+
 def test_show_prints_ir_that_parses(capsys):
     from k3c.ir import parse, verify
 

@@ -238,6 +238,10 @@ def _split(tr: Translator, x, sizes, dim=0):
 def _cat(tr: Translator, xs, dim=0):
     vals = [tr.value(v) for v in xs]
     vals = [v for v in vals if 0 not in tr.type_of(v).shape]  # empty caches
+    if not vals:  # every part empty (say a zero-width rope part of an MLA cache): an empty result
+        t = tr.out_type()
+        return tr.emit1("full", [], {"shape": list(t.shape), "value": 0.0 if t.dtype[0] in "fb" else 0,
+                                     "dtype": t.dtype})
     if len(vals) == 1:
         return vals[0]
     return tr.emit1("concat", vals, {"dim": dim % tr.type_of(vals[0]).rank})

@@ -125,3 +125,17 @@ def test_node_count_grows_linearly_with_layers():
         counts[layers] = len(k3c.capture(model, (ids,)).nodes)
         assert time.perf_counter() - t0 < 120
     assert counts[12] - counts[8] == counts[8] - counts[4]
+
+
+def test_concat_of_only_empty_parts_is_an_empty_tensor():
+    """An MLA cache whose rope part has width 0 concatenates two empty tensors."""
+
+    class Cat(torch.nn.Module):
+        def forward(self, x):
+            empty = x[..., :0]
+            return torch.cat([empty, empty], dim=1), x
+
+    x = torch.randn(2, 5, 3)
+    g = k3c.capture(Cat(), (x,))
+    y, _ = k3c.ir.interpret(g, torch.randn(2, 7, 3))
+    assert tuple(y.shape) == (2, 14, 0)

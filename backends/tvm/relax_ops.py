@@ -1,8 +1,9 @@
 """Lowerings of the standard IR ops to Relax operators (`relax.op.*`), one small rule per op.
 
 Relax legalizes these to TensorIR, fuses neighbours, and the schedule rules of schedules.py
-give the fused functions their loops. Weights of `linear` are transposed by a separate
-`permute_dims`, which the build lifts out into the one-time parameter transform.
+give the fused functions their loops. A `linear` by a float32 weight on llvm is the
+exception: a hand-written panel GEMM (kernels/common/tvm/gemm.py) whose weight packing the
+build lifts out into the one-time parameter transform, as it does the transposes elsewhere.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import sympy
 from tvm import relax
 
 from ...ir import dims as D
+from ...kernels.common.tvm.gemm import PANEL, packed_linear, packed_rows
 from .context import DTYPES, LowerContext
 
 R = relax.op
@@ -128,8 +130,46 @@ def _reduce(fn):
 
 
 def _linear(ctx, node, x, w, b=None):
-    y = R.matmul(x, R.permute_dims(w, [1, 0]))
+    y = _packed_linear(ctx, node, x, w)
+    if y is None:
+        y = R.matmul(x, R.permute_dims(w, [1, 0]))
     return y if b is None else R.add(y, b)
+
+
+def packable(ctx, node, weight_input: int = 1) -> bool:
+    """Whether node's weight operand can go through the panel-packed GEMM: a float32 weight
+    of static shape, a float32 activation, the llvm target."""
+    wname = node.inputs[weight_input]
+    wt, xt = ctx.type_of(wname), ctx.type_of(node.inputs[0])
+    return (ctx.target == "llvm" and wname in ctx.graph.weights and wt.dtype == "f32" and xt.dtype == "f32"
+            and all(isinstance(d, int) for d in wt.shape))
+
+
+def packed_gemm(ctx, x2, w, M, N: int, K: int, decode: bool) -> relax.Expr:
+    """x2 [M, K] @ w[N, K]^T -> [M, N] through kernels/common/tvm/gemm.py; the packing of w is
+    weight-only, so the build lifts it to load time."""
+    c = PANEL
+    P = -(-N // c)
+    wpad = w if P * c == N else R.nn.pad(w, [0, P * c - N, 0, 0])
+    wp = ctx.bb.emit(R.permute_dims(R.reshape(wpad, [P, c, K]), [0, 2, 1]))
+    rows = packed_rows(decode)
+    gv = ctx.kernel(("packed_linear", K, N, rows), lambda: packed_linear(K, N, rows))
+    return ctx.call_tir(gv, [x2, wp], [relax.TensorType([M, N], "float32")])[0]
+
+
+def _packed_linear(ctx, node, x, w):
+    """x @ W^T through packed_gemm when `packable`, else None (Relax's matmul then)."""
+    if not packable(ctx, node):
+        return None
+    N, K = ctx.type_of(node.inputs[1]).shape
+    xt = ctx.type_of(node.inputs[0])
+    lead = ctx.shape(node.inputs[0])[:-1]
+    M = lead[0]
+    for d in lead[1:]:
+        M = M * d
+    x2 = ctx.bb.emit(R.reshape(x, [M, K]))
+    y = packed_gemm(ctx, x2, w, M, N, K, decode=xt.rank >= 2 and xt.shape[-2] == 1)
+    return R.reshape(y, [*lead, N])
 
 
 def _embedding(ctx, node, w, ids):

@@ -29,9 +29,9 @@ def _tile(n: int, full: int) -> int:
     return t
 
 
-def moe_gate_up(E: int, D: int, I2: int, k: int, target: str = "llvm", rows: int = 4) -> tirx.PrimFunc:
+def moe_gate_up(E: int, D: int, I2: int, k: int, target: str = "llvm", rows: int = 6) -> tirx.PrimFunc:
     """h [N, D], w13t [E, D, I2], idx [N, k] (int64) -> gu [N, k, I2]; float32."""
-    F = _tile(I2, 32)
+    F = _tile(I2, 16)
     cols = inner_loop(target)
 
     @T.prim_func(s_tir=True)
@@ -49,22 +49,24 @@ def moe_gate_up(E: int, D: int, I2: int, k: int, target: str = "llvm", rows: int
                 T.writes(gu[0:N, 0:k, 0:I2], pairs[ve, 0:N * k])
                 cnt = T.alloc_buffer((1,), "int64", scope="local")
                 acc = T.alloc_buffer((rows, F), "float32", scope="local")
+                tok = T.alloc_buffer((rows,), "int64", scope="local")
                 cnt[0] = T.int64(0)
                 for p in range(N * k):
                     if idx[p // k, p % k] == T.Cast("int64", ve):
                         pairs[ve, cnt[0]] = p
                         cnt[0] = cnt[0] + 1
                 for tile in range((cnt[0] + rows - 1) // rows):
+                    for r in T.unroll(rows):
+                        tok[r] = pairs[ve, T.min(tile * rows + r, cnt[0] - 1)] // k
                     for fo in range(I2 // F):
-                        for r in range(rows):
+                        for r in T.unroll(rows):
                             for f in cols(F):
                                 acc[r, f] = T.float32(0)
                         for d in range(D):
                             for r in T.unroll(rows):
                                 for f in cols(F):
-                                    acc[r, f] = acc[r, f] + h[
-                                        pairs[ve, T.min(tile * rows + r, cnt[0] - 1)] // k, d] * w[ve, d, fo * F + f]
-                        for r in range(rows):
+                                    acc[r, f] = acc[r, f] + h[tok[r], d] * w[ve, d, fo * F + f]
+                        for r in T.unroll(rows):
                             if tile * rows + r < cnt[0]:
                                 for f in cols(F):
                                     gu[pairs[ve, tile * rows + r] // k, pairs[ve, tile * rows + r] % k,
@@ -73,9 +75,9 @@ def moe_gate_up(E: int, D: int, I2: int, k: int, target: str = "llvm", rows: int
     return kernel
 
 
-def moe_down(E: int, I: int, Dout: int, k: int, target: str = "llvm", rows: int = 4) -> tirx.PrimFunc:
+def moe_down(E: int, I: int, Dout: int, k: int, target: str = "llvm", rows: int = 6) -> tirx.PrimFunc:
     """a [N, k, I], w2t [E, I, Dout], idx [N, k] (int64), w [N, k] -> y [N, Dout]; float32."""
-    F = _tile(Dout, 32)
+    F = _tile(Dout, 16)
     cols = inner_loop(target)
 
     @T.prim_func(s_tir=True)
@@ -96,23 +98,24 @@ def moe_down(E: int, I: int, Dout: int, k: int, target: str = "llvm", rows: int 
                 T.writes(ys[0:N, 0:k, 0:Dout], pairs[ve, 0:N * k])
                 cnt = T.alloc_buffer((1,), "int64", scope="local")
                 acc = T.alloc_buffer((rows, F), "float32", scope="local")
+                pr = T.alloc_buffer((rows,), "int64", scope="local")
                 cnt[0] = T.int64(0)
                 for p in range(N * k):
                     if idx[p // k, p % k] == T.Cast("int64", ve):
                         pairs[ve, cnt[0]] = p
                         cnt[0] = cnt[0] + 1
                 for tile in range((cnt[0] + rows - 1) // rows):
+                    for r in T.unroll(rows):
+                        pr[r] = pairs[ve, T.min(tile * rows + r, cnt[0] - 1)]
                     for fo in range(Dout // F):
-                        for r in range(rows):
+                        for r in T.unroll(rows):
                             for f in cols(F):
                                 acc[r, f] = T.float32(0)
                         for i in range(I):
                             for r in T.unroll(rows):
                                 for f in cols(F):
-                                    acc[r, f] = acc[r, f] + a[
-                                        pairs[ve, T.min(tile * rows + r, cnt[0] - 1)] // k,
-                                        pairs[ve, T.min(tile * rows + r, cnt[0] - 1)] % k, i] * w2[ve, i, fo * F + f]
-                        for r in range(rows):
+                                    acc[r, f] = acc[r, f] + a[pr[r] // k, pr[r] % k, i] * w2[ve, i, fo * F + f]
+                        for r in T.unroll(rows):
                             if tile * rows + r < cnt[0]:
                                 for f in cols(F):
                                     ys[pairs[ve, tile * rows + r] // k, pairs[ve, tile * rows + r] % k,

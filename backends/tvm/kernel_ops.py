@@ -179,14 +179,23 @@ def _attn_res_mix(ctx: LowerContext, node, V, w, n):
 
 # ----------------------------------------------------------------------------------- MoE
 
-def _gate_up(ctx: LowerContext, h, w13, idx, E: int, D_: int, I2: int, k: int, N) -> relax.Expr:
-    gv = ctx.kernel(("moe_gate_up", E, D_, I2, k), lambda: moe_gate_up(E, D_, I2, k, ctx.target), MOE_SCHEDULES)
+def _moe_rows(ctx: LowerContext, tokens: str) -> int:
+    """Routed rows per tile of the expert kernels: 6 when the tokens span a sequence (prefill),
+    1 in a decode step, where an expert sees about one row and a taller tile only adds work."""
+    lead = sympy.sympify(ctx.type_of(tokens).shape[0])
+    return 6 if any(s.name == "T" for s in lead.free_symbols) else 1
+
+
+def _gate_up(ctx: LowerContext, h, w13, idx, E: int, D_: int, I2: int, k: int, N, rows: int) -> relax.Expr:
+    gv = ctx.kernel(("moe_gate_up", E, D_, I2, k, rows), lambda: moe_gate_up(E, D_, I2, k, ctx.target, rows),
+                    MOE_SCHEDULES)
     w13t = ctx.bb.emit(R.permute_dims(w13, [0, 2, 1]))
     return ctx.call_tir(gv, [h, w13t, idx], [relax.TensorType([N, k, I2], "float32")])[0]
 
 
-def _down(ctx: LowerContext, a, w2, idx, w, E: int, I: int, Dout: int, k: int, N) -> relax.Expr:
-    gv = ctx.kernel(("moe_down", E, I, Dout, k), lambda: moe_down(E, I, Dout, k, ctx.target), MOE_SCHEDULES)
+def _down(ctx: LowerContext, a, w2, idx, w, E: int, I: int, Dout: int, k: int, N, rows: int) -> relax.Expr:
+    gv = ctx.kernel(("moe_down", E, I, Dout, k, rows), lambda: moe_down(E, I, Dout, k, ctx.target, rows),
+                    MOE_SCHEDULES)
     w2t = ctx.bb.emit(R.permute_dims(w2, [0, 2, 1]))
     return ctx.call_tir(gv, [a, w2t, idx, w], [relax.TensorType([N, Dout], "float32")])[0]
 
@@ -194,13 +203,13 @@ def _down(ctx: LowerContext, a, w2, idx, w, E: int, I: int, Dout: int, k: int, N
 def _moe_gate_up(ctx: LowerContext, node, h, w13, idx):
     E, I2, D_ = _static(ctx, node.inputs[1], 0, 1, 2)
     (k,) = _static(ctx, node.inputs[2], 1)
-    return _gate_up(ctx, h, w13, idx, E, D_, I2, k, ctx.shape(node.inputs[0])[0])
+    return _gate_up(ctx, h, w13, idx, E, D_, I2, k, ctx.shape(node.inputs[0])[0], _moe_rows(ctx, node.inputs[0]))
 
 
 def _moe_down(ctx: LowerContext, node, a, w2, idx, w):
     E, Dout, I = _static(ctx, node.inputs[1], 0, 1, 2)
     (k,) = _static(ctx, node.inputs[2], 1)
-    return _down(ctx, a, w2, idx, w, E, I, Dout, k, ctx.shape(node.inputs[0])[0])
+    return _down(ctx, a, w2, idx, w, E, I, Dout, k, ctx.shape(node.inputs[0])[0], _moe_rows(ctx, node.inputs[0]))
 
 
 def _activation(ctx: LowerContext, x2, rows, I: int, act: str, beta, linear_beta) -> relax.Expr:
@@ -215,11 +224,12 @@ def _moe_experts(ctx: LowerContext, node, h, w13, w2, idx, w):
     (Dout,) = _static(ctx, node.inputs[2], 1)
     (k,) = _static(ctx, node.inputs[3], 1)
     N = ctx.shape(node.inputs[0])[0]
-    gu = _gate_up(ctx, h, w13, idx, E, D_, I2, k, N)
+    rows = _moe_rows(ctx, node.inputs[0])
+    gu = _gate_up(ctx, h, w13, idx, E, D_, I2, k, N, rows)
     gu2 = ctx.bb.emit(R.reshape(gu, relax.ShapeExpr([N * k, I2])))
     act = _activation(ctx, gu2, N * k, I2 // 2, a["act"], a["beta"], a["linear_beta"])
     act3 = ctx.bb.emit(R.reshape(act, relax.ShapeExpr([N, k, I2 // 2])))
-    return _down(ctx, act3, w2, idx, w, E, I2 // 2, Dout, k, N)
+    return _down(ctx, act3, w2, idx, w, E, I2 // 2, Dout, k, N, rows)
 
 
 # --------------------------------------------------------------------------- SiTU / MLP

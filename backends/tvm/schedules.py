@@ -102,7 +102,8 @@ class CpuMatmul:
 
 class CpuInjective:
     """Elementwise chains: inline into the last block; its innermost loop in vectors (when
-    its static extent divides into them), the loops outside it fused and in parallel."""
+    its static extent divides into them, else left serial), the loops outside it fused and
+    in parallel."""
 
     def __init__(self, lanes: int = 8, small: int = 4096):
         self.lanes, self.small = lanes, small
@@ -124,6 +125,11 @@ class CpuInjective:
             io, ii = sch.split(loops[-1], factors=[None, lanes])
             sch.vectorize(ii)
             outer = outer[:-1] + [io]
+        elif len(outer) > 1:
+            # no vectors: keep the innermost loop as a plain serial loop, so that its indices
+            # advance by one rather than by a division and a remainder per element
+            outer = outer[:-1]
+            lanes = inner if isinstance(inner, int) else 64
         fused = sch.fuse(*outer) if len(outer) > 1 else outer[0]
         extent = get_extent(sch, fused)
         if not isinstance(extent, int) or extent * lanes > self.small:

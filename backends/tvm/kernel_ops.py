@@ -26,6 +26,7 @@ from ...kernels.kda.tvm import recurrent
 from ...kernels.linear_attention.tvm import recurrent as linear_recurrent
 from ...kernels.moe.tvm import SCHEDULES as MOE_SCHEDULES
 from ...kernels.moe.tvm import moe_down, moe_gate_up
+from ...kernels.moe.tvm import panel as moe_panel
 from ...kernels.short_conv.tvm import SCHEDULES as CONV_SCHEDULES
 from ...kernels.short_conv.tvm import short_conv
 from ...kernels.situ.tvm import situ
@@ -186,18 +187,22 @@ def _moe_rows(ctx: LowerContext, tokens: str) -> int:
     return 6 if any(s.name == "T" for s in lead.free_symbols) else 1
 
 
+def _panels(ctx: LowerContext, w, E: int, n_out: int, n_in: int) -> relax.Expr:
+    """Expert weights [E, out, in] -> [E, out / F, in, F] (weight-only: lifted to load time)."""
+    F = moe_panel(n_out)
+    return ctx.bb.emit(R.permute_dims(R.reshape(w, [E, n_out // F, F, n_in]), [0, 1, 3, 2]))
+
+
 def _gate_up(ctx: LowerContext, h, w13, idx, E: int, D_: int, I2: int, k: int, N, rows: int) -> relax.Expr:
     gv = ctx.kernel(("moe_gate_up", E, D_, I2, k, rows), lambda: moe_gate_up(E, D_, I2, k, ctx.target, rows),
                     MOE_SCHEDULES)
-    w13t = ctx.bb.emit(R.permute_dims(w13, [0, 2, 1]))
-    return ctx.call_tir(gv, [h, w13t, idx], [relax.TensorType([N, k, I2], "float32")])[0]
+    return ctx.call_tir(gv, [h, _panels(ctx, w13, E, I2, D_), idx], [relax.TensorType([N, k, I2], "float32")])[0]
 
 
 def _down(ctx: LowerContext, a, w2, idx, w, E: int, I: int, Dout: int, k: int, N, rows: int) -> relax.Expr:
     gv = ctx.kernel(("moe_down", E, I, Dout, k, rows), lambda: moe_down(E, I, Dout, k, ctx.target, rows),
                     MOE_SCHEDULES)
-    w2t = ctx.bb.emit(R.permute_dims(w2, [0, 2, 1]))
-    return ctx.call_tir(gv, [a, w2t, idx, w], [relax.TensorType([N, Dout], "float32")])[0]
+    return ctx.call_tir(gv, [a, _panels(ctx, w2, E, Dout, I), idx, w], [relax.TensorType([N, Dout], "float32")])[0]
 
 
 def _moe_gate_up(ctx: LowerContext, node, h, w13, idx):

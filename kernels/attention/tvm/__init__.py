@@ -17,7 +17,7 @@ from __future__ import annotations
 from tvm import s_tir, tirx
 from tvm.script import tirx as T
 
-from ...common.tvm import inner_loop
+from ...common.tvm import exp_vec, inner_loop
 
 KEY_BLOCK = 32  # keys per block; the transposed keys come padded by this many
 NEG = -3.0e38  # a score no key reaches: masked keys get exp(NEG - max) = 0, never inf - inf
@@ -67,8 +67,8 @@ def causal_attention(H: int, G: int, D: int, Dv: int, scale: float, target: str 
                         st[2] = T.max(st[2], sc[s])
                     st[3] = T.exp(st[0] - T.max(st[0], st[2]))
                     st[0] = T.max(st[0], st[2])
-                    for s in keys(KB):
-                        sc[s] = T.exp(sc[s] - st[0])
+                    for s in keys(KB):  # exp_vec stays in vectors; masked keys weigh exactly 0
+                        sc[s] = T.Select(sc[s] - st[0] < T.float32(-87.0), T.float32(0), exp_vec(sc[s] - st[0]))
                     st[1] = st[1] * st[3]
                     for s in range(KB):
                         st[1] = st[1] + sc[s]

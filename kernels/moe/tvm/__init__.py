@@ -1,16 +1,18 @@
 """The routed-expert GEMMs as TensorIR kernels, grouped by expert, with static shapes.
 
-    gate_up:  gu[n, j, :] = h[n] @ w13[e]^T             e = idx[n, j];  w13 given as [E, D, 2I]
-    down:     y[n, :]     = sum_j w[n, j] a[n, j] @ w2[e]^T           w2 given as [E, I, Dout]
+    gate_up:  gu[n, j, :] = h[n] @ w13[e]^T             e = idx[n, j];  w13 given as [E, 2I/F, D, F]
+    down:     y[n, :]     = sum_j w[n, j] a[n, j] @ w2[e]^T           w2 given as [E, Dout/F, I, F]
 
 One block per expert lists the (token, slot) pairs routed to it (a scan of idx: no sort, no
 data-dependent shapes) and runs them as a small GEMM, `rows` pairs at a time against the
 expert's weight, so each weight row is loaded once per tile of pairs rather than once per
 pair. `down` writes each pair's row and a second block adds a token's k rows, so experts
-never write the same output. The weights come transposed (the reduction dim first), so
-that output features are contiguous: the backend's `permute_dims` of them is lifted into
-the one-time parameter transform. The feature loops run as vectors (llvm) or threads (cuda);
-the schedules run the experts in parallel (llvm) or one per thread block (cuda).
+never write the same output. The weights come packed in panels of F = `panel(out)` output
+features, so that the reduction loop reads each panel contiguously; the backend's reshape
+and `permute_dims` that pack them are lifted into the one-time parameter transform. The
+feature loops run as vectors (llvm) or threads (cuda); the schedules run the experts in
+parallel (llvm) or one per thread block (cuda). A tile holds `rows` routed rows: 6 x 16
+accumulators fill AVX2's registers in prefill, one row suits a decode step.
 """
 
 from __future__ import annotations
@@ -29,13 +31,18 @@ def _tile(n: int, full: int) -> int:
     return t
 
 
+def panel(n: int) -> int:
+    """Output features per weight panel: the largest power of two up to 16 that divides n."""
+    return _tile(n, 16)
+
+
 def moe_gate_up(E: int, D: int, I2: int, k: int, target: str = "llvm", rows: int = 6) -> tirx.PrimFunc:
-    """h [N, D], w13t [E, D, I2], idx [N, k] (int64) -> gu [N, k, I2]; float32."""
-    F = _tile(I2, 16)
+    """h [N, D], w13p [E, I2 / F, D, F], idx [N, k] (int64) -> gu [N, k, I2]; float32, F = panel(I2)."""
+    F = panel(I2)
     cols = inner_loop(target)
 
     @T.prim_func(s_tir=True)
-    def kernel(h_h: T.handle, w: T.Buffer((E, D, I2), "float32"), idx_h: T.handle, gu_h: T.handle):
+    def kernel(h_h: T.handle, w: T.Buffer((E, I2 // F, D, F), "float32"), idx_h: T.handle, gu_h: T.handle):
         T.func_attr({"tirx.noalias": True})
         N = T.int64()
         h = T.match_buffer(h_h, (N, D), "float32")
@@ -45,7 +52,7 @@ def moe_gate_up(E: int, D: int, I2: int, k: int, target: str = "llvm", rows: int
         for e in range(E):
             with T.sblock("expert"):
                 ve = T.axis.spatial(E, e)
-                T.reads(h[0:N, 0:D], w[ve, 0:D, 0:I2], idx[0:N, 0:k])
+                T.reads(h[0:N, 0:D], w[ve, 0:I2 // F, 0:D, 0:F], idx[0:N, 0:k])
                 T.writes(gu[0:N, 0:k, 0:I2], pairs[ve, 0:N * k])
                 cnt = T.alloc_buffer((1,), "int64", scope="local")
                 acc = T.alloc_buffer((rows, F), "float32", scope="local")
@@ -65,7 +72,7 @@ def moe_gate_up(E: int, D: int, I2: int, k: int, target: str = "llvm", rows: int
                         for d in range(D):
                             for r in T.unroll(rows):
                                 for f in cols(F):
-                                    acc[r, f] = acc[r, f] + h[tok[r], d] * w[ve, d, fo * F + f]
+                                    acc[r, f] = acc[r, f] + h[tok[r], d] * w[ve, fo, d, f]
                         for r in T.unroll(rows):
                             if tile * rows + r < cnt[0]:
                                 for f in cols(F):
@@ -76,12 +83,13 @@ def moe_gate_up(E: int, D: int, I2: int, k: int, target: str = "llvm", rows: int
 
 
 def moe_down(E: int, I: int, Dout: int, k: int, target: str = "llvm", rows: int = 6) -> tirx.PrimFunc:
-    """a [N, k, I], w2t [E, I, Dout], idx [N, k] (int64), w [N, k] -> y [N, Dout]; float32."""
-    F = _tile(Dout, 16)
+    """a [N, k, I], w2p [E, Dout / F, I, F], idx [N, k] (int64), w [N, k] -> y [N, Dout]; float32,
+    F = panel(Dout)."""
+    F = panel(Dout)
     cols = inner_loop(target)
 
     @T.prim_func(s_tir=True)
-    def kernel(a_h: T.handle, w2: T.Buffer((E, I, Dout), "float32"), idx_h: T.handle, cw_h: T.handle,
+    def kernel(a_h: T.handle, w2: T.Buffer((E, Dout // F, I, F), "float32"), idx_h: T.handle, cw_h: T.handle,
                y_h: T.handle):
         T.func_attr({"tirx.noalias": True})
         N = T.int64()
@@ -94,7 +102,7 @@ def moe_down(E: int, I: int, Dout: int, k: int, target: str = "llvm", rows: int 
         for e in range(E):
             with T.sblock("expert"):
                 ve = T.axis.spatial(E, e)
-                T.reads(a[0:N, 0:k, 0:I], w2[ve, 0:I, 0:Dout], idx[0:N, 0:k], cw[0:N, 0:k])
+                T.reads(a[0:N, 0:k, 0:I], w2[ve, 0:Dout // F, 0:I, 0:F], idx[0:N, 0:k], cw[0:N, 0:k])
                 T.writes(ys[0:N, 0:k, 0:Dout], pairs[ve, 0:N * k])
                 cnt = T.alloc_buffer((1,), "int64", scope="local")
                 acc = T.alloc_buffer((rows, F), "float32", scope="local")
@@ -114,7 +122,7 @@ def moe_down(E: int, I: int, Dout: int, k: int, target: str = "llvm", rows: int 
                         for i in range(I):
                             for r in T.unroll(rows):
                                 for f in cols(F):
-                                    acc[r, f] = acc[r, f] + a[pr[r] // k, pr[r] % k, i] * w2[ve, i, fo * F + f]
+                                    acc[r, f] = acc[r, f] + a[pr[r] // k, pr[r] % k, i] * w2[ve, fo, i, f]
                         for r in T.unroll(rows):
                             if tile * rows + r < cnt[0]:
                                 for f in cols(F):

@@ -22,14 +22,15 @@ _QKV = """
   input %k: f32[B, T, 3, 24]
   input %v: f32[B, T, 3, 20]
 """
-def _chunk_case(KD: int, gate: str, args: str) -> str:
-    """prepare -> state scan -> output, C = 16, in chunk layout [B, 3, NC, 16, ...]."""
-    nc = "B, 3, ceiling(T/16)"
-    outs = [("qd", "16, 24"), ("kd", "16, 24"), ("w", "16, 24"), ("u", "16, 20"), ("aqk", "16, 16"), ("dl", str(KD))]
+def _chunk_case(KD: int, gate: str, args: str, C: int = 16) -> str:
+    """prepare -> state scan -> output, chunk size C, in chunk layout [B, 3, NC, C, ...]."""
+    nc = f"B, 3, ceiling(T/{C})"
+    outs = [("qd", f"{C}, 24"), ("kd", f"{C}, 24"), ("w", f"{C}, 24"), ("u", f"{C}, 20"), ("aqk", f"{C}, {C}"),
+            ("dl", str(KD))]
     prepare = ", ".join(f"%{n}: f32[{nc}, {s}]" for n, s in outs)
     return f"""
-  {prepare} = chunk_prepare({args}) {{chunk_size=16, gate="{gate}"}}
-  %vn: f32[{nc}, 16, 20], %st: f32[{nc}, 24, 20], %s2: f32[B, 3, 24, 20] = chunk_state_scan(%w, %u, %kd, %dl, %s)
+  {prepare} = chunk_prepare({args}) {{chunk_size={C}, gate="{gate}"}}
+  %vn: f32[{nc}, {C}, 20], %st: f32[{nc}, 24, 20], %s2: f32[B, 3, 24, 20] = chunk_state_scan(%w, %u, %kd, %dl, %s)
   %o: f32[B, T, 3, 20] = chunk_output(%qd, %aqk, %vn, %st) {{scale=0.3, T=T}}
   output o = %o
   output s = %s2
@@ -63,6 +64,9 @@ CASES = {
   output z = %z2""",
     "chunk_kda": _QKV + "  input %g: f32[B, T, 3, 24]\n" + _BETA + _STATE
     + _chunk_case(24, "channel", "%q, %k, %v, %beta, %g"),
+    # C = 64: chunk_scores factors the pairs of different 16-row sub-blocks through a pivot row
+    "chunk_kda_c64": _QKV + "  input %g: f32[B, T, 3, 24]\n" + _BETA + _STATE
+    + _chunk_case(24, "channel", "%q, %k, %v, %beta, %g", C=64),
     "chunk_gated_delta_rule": _QKV + "  input %g: f32[B, T, 3]\n" + _BETA + _STATE
     + _chunk_case(1, "head", "%q, %k, %v, %beta, %g"),
     "chunk_delta_rule": _QKV + _BETA + _STATE + _chunk_case(1, "none", "%q, %k, %v, %beta"),
@@ -209,6 +213,21 @@ def test_kernel_matches_interpreter(built, case, T):
     got = runner.run("forward", *inputs)
     for (name, _), a, b in zip(g.outputs, got, want):
         assert_close(a, b, what=f"{case} T={T} output {name}")
+
+
+@pytest.mark.parametrize("case", ["chunk_kda", "chunk_kda_c64"])
+def test_chunk_kda_strong_decay(built, case):
+    """Gates of -5 to -30 per token (exponents far below the floor within a chunk): finite and
+    equal to the interpreter, through the pairwise and the pivot-factored scores."""
+    g, runner = built(case)
+    inputs = inputs_for(g, 130, seed=3)
+    i = g.inputs.index("g")
+    inputs[i] = -5.0 - 25.0 * torch.rand(inputs[i].shape, generator=torch.Generator().manual_seed(4))
+    want = k3c.ir.interpret(g, *inputs)
+    got = runner.run("forward", *inputs)
+    for (name, _), a, b in zip(g.outputs, got, want):
+        assert torch.isfinite(a).all(), f"{case} output {name} is not finite"
+        assert_close(a, b, what=f"{case} strong decay output {name}")
 
 
 def test_mla_decode_runs_absorbed(built):

@@ -7,6 +7,7 @@ and exit non-zero; `--debug` shows the traceback.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 
@@ -122,7 +123,7 @@ def _cmd_compile_all(args: argparse.Namespace) -> int:
     names = _backend_list(args.backend)
     report = diff(model, names, seq_len=args.seq_len, decode_steps=4, passes=args.pipeline,
                   out_root=args.out, progress=lambda m: print(m, file=sys.stderr))
-    rows = [("backend", "artifact", "compile s", "max_abs_err", "rel_rms_err", "ok", "prefill vs eager")]
+    rows = [("backend", "artifact", "compile s", "max_abs_err", "rel_rms_err", "ok", "warm prefill vs eager")]
     for b in report.backends.values():
         speed = f"{report.eager_prefill_seconds / b.prefill_seconds:.2f}x" if b.prefill_seconds else "-"
         status = "yes" if b.ok else "NO" + (f" ({b.error.splitlines()[0][:90]})" if b.error else "")
@@ -130,6 +131,9 @@ def _cmd_compile_all(args: argparse.Namespace) -> int:
                      f"{b.rel_rms_err:.1e}", status, speed))
     print(f"{report.model}: prefill T={args.seq_len}, B=2, 4 decode steps, each backend against eager PyTorch")
     print(format_table(rows))
+    if "triton" in report.backends:
+        if os.environ.get("TRITON_INTERPRET", "").lower() in ("1", "true", "on", "yes"):
+            print("triton ran under TRITON_INTERPRET=1 (no CUDA GPU here): its speed says nothing of a GPU's")
     return 0 if report.ok else 1
 
 

@@ -5,7 +5,8 @@ The expert ops pick one of two exact forms at run time (an If on the routed slot
   few slots (decode), N * k <= E: gather each slot's expert weights, one batched matmul;
   many slots, balanced routing (padding at most doubles the work): the slots grouped by
   expert and padded to the busiest expert's count, one batched MatMul per projection over
-  [E, cap, D], ScatterND(add) back to the tokens: no Loop, no per-expert copies;
+  [E, cap, D], each slot's row gathered back and a token's k rows summed: no Loop, no
+  per-expert copies, no ScatterND(add) over duplicate indices;
   many slots, skewed routing: a Loop over the E experts, each taking the slots routed to it
   (NonZero), one GEMM each, ScatterND(add) into the result.
 """
@@ -73,11 +74,12 @@ def _gated_mlp_silu(b, x, w):
 
 # ---- routed experts ------------------------------------------------------------------------
 
-def _slot_batches(b: Builder, idx: str, E: str) -> tuple[str, str]:
+def _slot_batches(b: Builder, idx: str, E: str) -> tuple[str, str, str]:
     """The routed slots grouped by expert, padded to the busiest expert's count `cap`:
     slots [E * cap] holds, for each expert in turn, the flat slot ids n * k + j routed to it
-    (in slot order) and then N * k (a padding slot). No Loop, no data-dependent shapes
-    but `cap`; the padding costs (cap * E - N * k) rows of work."""
+    (in slot order) and then N * k (a padding slot); dest [N * k] is the inverse, each slot's
+    row in that layout. No Loop, no data-dependent shapes but `cap`; the padding costs
+    (cap * E - N * k) rows of work."""
     flat = b.Reshape(idx, b.ints([-1]))  # [N k]: the expert of every slot
     n_slots = b.Shape(flat)
     experts = b.Range(b.const(0, "i64"), b.squeeze(E, 0), b.const(1, "i64"))
@@ -87,7 +89,7 @@ def _slot_batches(b: Builder, idx: str, E: str) -> tuple[str, str]:
     dest = b.Add(b.Mul(flat, cap), b.Sub(rank, b.ints([1])))
     padding = b.Expand(n_slots, b.Mul(E, cap))
     slots = b.ScatterElements(padding, dest, b.Range(b.const(0, "i64"), b.squeeze(n_slots, 0), b.const(1, "i64")))
-    return slots, cap
+    return slots, cap, dest
 
 
 def _rows(b: Builder, x: str, slots: str, E: str, cap: str) -> str:
@@ -101,16 +103,15 @@ def _by_expert(b: Builder, rows: str, w: str) -> str:
     return b.MatMul(rows, b.Transpose(w, perm=[0, 2, 1]))
 
 
-def _combine(b: Builder, out: str, slots: str, w: str, k: str, N: str) -> str:
-    """y[n] = sum over n's slots of w[slot] * out[slot]: out [E, cap, D] -> y [N, D]."""
+def _combine(b: Builder, out: str, dest: str, w: str, k: str, N: str) -> str:
+    """y[n] = sum over n's slots of w[slot] * out[slot]: out [E, cap, D] -> y [N, D].
+
+    Each slot's row is gathered back (dest) and a token's k rows summed with ReduceSum: no
+    ScatterND(add), whose duplicate indices onnxruntime may apply from several threads."""
     D = b.shape_of(out, -1)
-    flat = b.Reshape(out, b.Concat(b.ints([-1]), D, axis=0))
-    w_pad = b.Concat(b.Reshape(w, b.ints([-1])), b.const([0.0]), axis=0)  # the padding slot weighs 0
-    weighted = b.Mul(flat, b.unsqueeze(b.Gather(w_pad, slots, axis=0), 1))
-    token = b.unsqueeze(b.Div(slots, k), 1)  # padding lands on row N, dropped below
-    y = b.ScatterND(b.Expand(b.const(0.0), b.Concat(b.Add(N, b.ints([1])), D, axis=0)), token, weighted,
-                    reduction="add")
-    return b.Slice(y, b.ints([0]), N, b.ints([0]))
+    flat = b.Reshape(out, b.Concat(b.ints([-1]), D, axis=0))  # [E cap, D]
+    per_slot = b.Mul(b.Gather(flat, dest, axis=0), b.unsqueeze(b.Reshape(w, b.ints([-1])), 1))  # [N k, D]
+    return b.ReduceSum(b.Reshape(per_slot, b.Concat(N, k, D, axis=0)), b.ints([1]), keepdims=0)
 
 
 def _per_expert(b: Builder, idx: str, E: str, acc0: str, rank: int, step) -> str:
@@ -134,7 +135,7 @@ def _few_slots(b: Builder, idx: str, E: str) -> str:
 
 def _balanced(b: Builder, idx: str, E: str) -> str:
     """bool: padding every expert to the busiest one's count at most doubles the work."""
-    _, cap = _slot_batches(b, idx, E)
+    _, cap, _ = _slot_batches(b, idx, E)
     slots = b.ReduceProd(b.Shape(idx), keepdims=1)
     return b.squeeze(b.Not(b.Greater(b.Mul(E, cap), b.Mul(slots, b.ints([2])))), 0)
 
@@ -175,7 +176,7 @@ def moe_gate_up(b: Builder, h, w13, idx):
     E = b.shape_of(w13, 0)
 
     def batched(s: Builder) -> str:
-        slots, cap = _slot_batches(s, idx, E)
+        slots, cap, _ = _slot_batches(s, idx, E)
         k = s.shape_of(idx, 1)
         gu = _by_expert(s, _rows(s, h, s.Div(slots, k), E, cap), w13)  # [E, cap, 2I]
         width = s.shape_of(w13, 1)
@@ -201,10 +202,10 @@ def moe_down(b: Builder, a, w2, idx, w):
     E = b.shape_of(w2, 0)
 
     def batched(s: Builder) -> str:
-        slots, cap = _slot_batches(s, idx, E)
+        slots, cap, dest = _slot_batches(s, idx, E)
         flat = s.Reshape(a, s.Concat(s.ints([-1]), s.shape_of(a, 2), axis=0))  # [N k, I]
         out = _by_expert(s, _rows(s, flat, slots, E, cap), w2)
-        return _combine(s, out, slots, w, s.shape_of(idx, 1), s.shape_of(a, 0))
+        return _combine(s, out, dest, w, s.shape_of(idx, 1), s.shape_of(a, 0))
 
     def loop(s: Builder) -> str:
         def step(t: Builder, e, pos, acc):
@@ -230,11 +231,11 @@ def moe_experts(b: Builder, h, w13, w2, idx, w, act: str, beta=None, linear_beta
         return down_gathered(s, activation(s, gu, act, beta, linear_beta), w2, idx, w)
 
     def batched(s: Builder) -> str:
-        slots, cap = _slot_batches(s, idx, E)
+        slots, cap, dest = _slot_batches(s, idx, E)
         k = s.shape_of(idx, 1)
         gu = _by_expert(s, _rows(s, h, s.Div(slots, k), E, cap), w13)  # [E, cap, 2I]
         out = _by_expert(s, activation(s, gu, act, beta, linear_beta), w2)  # [E, cap, D_out]
-        return _combine(s, out, slots, w, k, s.shape_of(h, 0))
+        return _combine(s, out, dest, w, k, s.shape_of(h, 0))
 
     def loop(s: Builder) -> str:
         def step(t: Builder, e, pos, acc):

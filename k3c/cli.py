@@ -7,7 +7,6 @@ and exit non-zero; `--debug` shows the traceback.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 
@@ -132,7 +131,9 @@ def _cmd_compile_all(args: argparse.Namespace) -> int:
     print(f"{report.model}: prefill T={args.seq_len}, B=2, 4 decode steps, each backend against eager PyTorch")
     print(format_table(rows))
     if "triton" in report.backends:
-        if os.environ.get("TRITON_INTERPRET", "").lower() in ("1", "true", "on", "yes"):
+        from .kernels.common import triton_mode
+
+        if triton_mode.interpreted():
             print("triton ran under TRITON_INTERPRET=1 (no CUDA GPU here): its speed says nothing of a GPU's")
     return 0 if report.ok else 1
 

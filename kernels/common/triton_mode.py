@@ -26,4 +26,9 @@ def choose() -> bool:
             raise ImportError("triton was imported before k3c could set TRITON_INTERPRET=1 on this machine without "
                               "CUDA; set TRITON_INTERPRET=1 in the environment, or import k3c before triton")
         os.environ["TRITON_INTERPRET"] = "1"
-    return os.environ["TRITON_INTERPRET"].lower() in ("1", "true", "on", "yes")
+    return interpreted()
+
+
+def interpreted() -> bool:
+    """True when Triton kernels run under the interpreter in this process."""
+    return os.environ.get("TRITON_INTERPRET", "").lower() in ("1", "true", "on", "yes")

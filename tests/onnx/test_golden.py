@@ -14,16 +14,9 @@ from pathlib import Path
 import onnx
 
 from k3c.backends.onnx import lower_graph
+from k3c.backends.onnx.lower import _walk
 
 GOLDEN = Path(__file__).parent / "golden" / "k3-tiny.txt"
-
-
-def _walk(nodes):
-    for n in nodes:
-        yield n
-        for a in n.attribute:
-            if a.type == onnx.AttributeProto.GRAPH:
-                yield from _walk(a.g.node)
 
 
 def _counts(nodes) -> str:

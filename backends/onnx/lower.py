@@ -141,7 +141,7 @@ class Lowering:
             else:
                 raise LoweringError(f"op {node.op!r} has no ONNX lowering ({node.describe()})")
             for n in _walk(self.b.nodes[before:]):
-                if n.domain in (DOMAIN, MS_DOMAIN) or n.op_type in ("RMSNormalization", "Attention"):
+                if n.domain in (DOMAIN, MS_DOMAIN) or n.op_type in ("RMSNormalization", "Attention", "Conv", "Gemm"):
                     what = "chunk_prepare+chunk_state_scan+chunk_output" if i in groups else node.op
                     self.report[(what, f"{n.domain or 'ai.onnx'}::{n.op_type}")] += 1
         for (_, value), name in zip(g.outputs, out_names):

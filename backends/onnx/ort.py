@@ -17,9 +17,9 @@ import torch
 
 from ...ir import Node
 from ...ir import dims as D
-from .builder import MS_DOMAIN, Builder, subgraph
+from .builder import INT64_MAX, MS_DOMAIN, Builder, subgraph
 from .functions.attention import absorbed_query, mla_keys_values
-from .functions.mlp import moe_experts
+from .functions.mlp import activation, moe_experts
 from .standard import ones_like_last
 
 
@@ -123,6 +123,8 @@ def _conv_applies(lx, node):
 
 
 def _conv_emit(lx, node):
+    if lx.type(node.inputs[0]).shape[1] != 1:
+        return _depthwise_emit(lx, node)
     b = lx.b
     (x, w, state), (y, state_out) = _io(lx, node)
     weight = b.unsqueeze(w, 1)  # [C, 1, W]: constant-folded when w is (a view of) a weight
@@ -133,8 +135,24 @@ def _conv_emit(lx, node):
     b.Transpose(present, outputs=[state_out], perm=[0, 2, 1])
 
 
-ORT["short_conv"] = Mapping("com.microsoft::CausalConvWithState", _conv_applies, _conv_emit,
-                            "channels_last=1, the state transposed in and out")
+def _depthwise_emit(lx, node):
+    """Many tokens: the standard depthwise Conv (group = C) over [state ++ x] channels-first.
+    onnxruntime's CausalConvWithState CPU kernel is about 4x slower than this at T = 1024
+    (k3-small's widths); it keeps the one-token steps of decode, where it is the fastest."""
+    b = lx.b
+    (x, w, state), (y, state_out) = _io(lx, node)
+    C, W = (int(d) for d in lx.type(node.inputs[1]).shape)
+    xp = b.Concat(state, b.Transpose(x, perm=[0, 2, 1]), axis=2)  # [B, C, W-1+T]
+    conv = b.Transpose(b.Conv(xp, b.unsqueeze(w, 1), group=C, kernel_shape=[W]), perm=[0, 2, 1])  # [B, T, C]
+    if node.attrs.get("activation") == "silu":
+        b.Mul(conv, b.Sigmoid(conv), outputs=[y])
+    else:
+        b.Identity(conv, outputs=[y])
+    b.Slice(xp, b.shape_of(x, 1), b.ints([INT64_MAX]), b.ints([2]), outputs=[state_out])  # xp[..., T:]
+
+
+ORT["short_conv"] = Mapping("com.microsoft::CausalConvWithState (one token), ai.onnx::Conv (many)", _conv_applies,
+                            _conv_emit, "channels_last=1, the state transposed in and out; group = C for many tokens")
 
 
 # ---- rms_norm -> RMSNormalization ----------------------------------------------------------
@@ -286,8 +304,82 @@ def _moe_emit(lx, node):
     lx.b.domains.add(MS_DOMAIN)
 
 
-ORT["moe_experts"] = Mapping("com.microsoft::MoE", _moe_applies, _moe_emit,
-                             "silu experts: router logits log(w), output rescaled by sum(w)")
+def _unrolled_applies(lx, node):
+    if node.inputs[1] not in lx.graph.weights or node.inputs[2] not in lx.graph.weights:
+        return False, "the per-expert form needs the expert weights as initializers"
+    if D.symbols_of(lx.type(node.inputs[0]).shape[0]) <= {"B"}:
+        return False, "a decode step (N = B tokens) keeps the body, whose gathered form reads only the routed experts"
+    if not _f32(lx, node):
+        return False, "f32 only"
+    return True, ""
+
+
+def _sorted_slots(b: Builder, idx: str, E: int) -> tuple[str, str, str]:
+    """The routed slots sorted by expert (a counting sort, stable in slot order):
+    counts [E] of each expert, dest [N k] each slot's position in that order, perm [N k] the
+    inverse (the slot at each position)."""
+    flat = b.Reshape(idx, b.ints([-1]))  # [N k]
+    onehot = b.Cast(b.Equal(b.unsqueeze(flat, 1), b.const(list(range(E)), "i64")), to=7)  # [N k, E]
+    counts = b.ReduceSum(onehot, b.ints([0]), keepdims=0)
+    rank = b.ReduceSum(b.Mul(b.CumSum(onehot, b.const(0, "i64")), onehot), b.ints([1]), keepdims=0)  # 1-based
+    start = b.Sub(b.CumSum(counts, b.const(0, "i64")), counts)
+    dest = b.Sub(b.Add(b.Gather(start, flat, axis=0), rank), b.const(1, "i64"))
+    n = b.squeeze(b.Shape(flat), 0)
+    perm = b.ScatterElements(b.Expand(b.const(0, "i64"), b.Shape(flat)), dest,
+                             b.Range(b.const(0, "i64"), n, b.const(1, "i64")))
+    return counts, dest, perm
+
+
+def _unrolled_body(b: Builder, h: str, w13: str, w2: str, idx: str, w: str, E: int, k: int, act: str,
+                   beta, linear_beta, y: str) -> None:
+    """Each expert's slots (a Split of the sorted rows) through two Gemms against Gather(w, e):
+    constants that onnxruntime folds and prepacks at load. The outputs are concatenated in
+    expert order, gathered back to slot order, weighted and summed per token."""
+    counts, dest, perm = _sorted_slots(b, idx, E)
+    rows = b.Gather(h, b.Div(perm, b.const(k, "i64")), axis=0)  # [N k, D]: each slot's token
+    outs = []
+    for e, part in enumerate(b.op("Split", [rows, counts], E, axis=0)):
+        e_ = b.const(e, "i64")
+        gu = b.Gemm(part, b.Gather(w13, e_, axis=0), transB=1)
+        outs.append(b.Gemm(activation(b, gu, act, beta, linear_beta), b.Gather(w2, e_, axis=0), transB=1))
+    out = b.Concat(*outs, axis=0)  # [N k, D_out] in expert order
+    per_slot = b.Mul(b.Gather(out, dest, axis=0), b.unsqueeze(b.Reshape(w, b.ints([-1])), 1))
+    D_out = b.shape_of(w2, 1)
+    b.ReduceSum(b.Reshape(per_slot, b.Concat(b.ints([-1, k]), D_out, axis=0)), b.ints([1]), keepdims=0, outputs=[y])
+
+
+def _unrolled_emit(lx, node):
+    """Many tokens (a prefill): routed experts as one Gemm per expert over the slots sorted by
+    expert. No Loop, no padding, no per-expert copy of a weight or of the result; the weights
+    are read only through the folded per-expert constants, so onnxruntime keeps one copy."""
+    (h, w13, w2, idx, w), (y,) = _io(lx, node)
+    b = lx.b
+    E = int(lx.type(node.inputs[1]).shape[0])
+    k = int(lx.type(node.inputs[3]).shape[1])
+    act = node.attrs.get("act", "situ")
+    beta = linear_beta = None
+    if act != "silu":
+        beta, linear_beta = b.param(float(node.attrs.get("beta", 4.0))), node.attrs.get("linear_beta")
+        linear_beta = b.param(float(linear_beta)) if linear_beta is not None else None
+    _unrolled_body(b, h, w13, w2, idx, w, E, k, act, beta, linear_beta, y)
+
+
+def _experts_applies(lx, node):
+    if node.attrs.get("act") == "silu" and _moe_applies(lx, node)[0]:
+        return True, ""
+    return _unrolled_applies(lx, node)
+
+
+def _experts_emit(lx, node):
+    if node.attrs.get("act") == "silu" and _moe_applies(lx, node)[0]:
+        _moe_emit(lx, node)
+    else:
+        _unrolled_emit(lx, node)
+
+
+ORT["moe_experts"] = Mapping("com.microsoft::MoE (SiLU) or one Gemm per expert", _experts_applies, _experts_emit,
+                             "silu experts: router logits log(w), output rescaled by sum(w); SiTU experts: "
+                             "the slots sorted by expert, one Gemm per expert")
 
 # Ops with no onnxruntime kernel of the same semantics keep their function bodies (README.md).
 NO_KERNEL = {

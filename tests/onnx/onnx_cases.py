@@ -113,9 +113,12 @@ def recurrent_case(op: str, B: int = 2, T: int = 70, seed: int = 0, static_T: bo
     return OpCase(g, [q, k, v] + ([gt] if gate else []) + [beta, S])
 
 
-def short_conv_case(activation: str, B: int = 2, T: int = 9, C: int = 6, W: int = 4, seed: int = 0) -> OpCase:
+def short_conv_case(activation: str, B: int = 2, T: int = 9, C: int = 6, W: int = 4, seed: int = 0,
+                    decode: bool = False) -> OpCase:
+    """decode: the graph's T is the static 1 of a decode step, else symbolic (prefill)."""
     gen = torch.Generator().manual_seed(seed)
-    g = op_graph("short_conv", [("x", f32(B_, T_, C)), ("state", f32(B_, C, W - 1))], {"activation": activation},
+    Tdim = 1 if decode else T_
+    g = op_graph("short_conv", [("x", f32(B_, Tdim, C)), ("state", f32(B_, C, W - 1))], {"activation": activation},
                  weights={"w": _rand(gen, C, W)}, order=["x", "w", "state"])
     return OpCase(g, [_rand(gen, B, T, C), _rand(gen, B, C, W - 1)])
 

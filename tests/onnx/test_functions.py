@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 from onnx_cases import (
+    E,
     attention_case,
     attn_res_case,
     chunk_output_case,
@@ -102,11 +103,11 @@ def test_recurrent_split_resume(op, flavour):
         assert_close(a, b, what="resumed final state")
 
 
-@pytest.mark.parametrize("T", [1, 9], ids=lambda t: f"T{t}")
+@pytest.mark.parametrize("T,decode", [(1, True), (1, False), (9, False)], ids=["decode", "prefill-T1", "prefill-T9"])
 @pytest.mark.parametrize("activation", ["silu", "none"])
 @pytest.mark.parametrize("flavour", FLAVOURS)
-def test_short_conv(activation, T, flavour):
-    check(short_conv_case(activation, T=T), flavour, evaluator=flavour == "portable")
+def test_short_conv(activation, T, decode, flavour):
+    check(short_conv_case(activation, T=T, decode=decode), flavour, evaluator=flavour == "portable")
 
 
 def test_short_conv_split_resume():
@@ -182,14 +183,16 @@ def test_attn_res_mix():
 ORT_KERNELS = [
     (lambda: recurrent_case("kda"), "kda", "com.microsoft::LinearAttention"),
     (lambda: recurrent_case("linear_attention"), "linear_attention", "com.microsoft::LinearAttention"),
-    (lambda: short_conv_case("silu"), "short_conv", "com.microsoft::CausalConvWithState"),
+    (lambda: short_conv_case("silu", T=1, decode=True), "short_conv", "com.microsoft::CausalConvWithState"),
+    (lambda: short_conv_case("silu"), "short_conv", "ai.onnx::Conv"),
     (lambda: attention_case("causal_attention", 9), "causal_attention", "ai.onnx::Attention"),
     (lambda: attention_case("mla_attention_absorbed", 1, 6), "mla_attention_absorbed", "ai.onnx::Attention"),
     (lambda: moe_case("moe_experts", 11, "silu"), "moe_experts", "com.microsoft::MoE"),
+    (lambda: moe_case("moe_experts", 11, "situ"), "moe_experts", "ai.onnx::Gemm"),
 ]
 
 
-@pytest.mark.parametrize("make,op,kernel", ORT_KERNELS, ids=[k[1] for k in ORT_KERNELS])
+@pytest.mark.parametrize("make,op,kernel", ORT_KERNELS, ids=[f"{k[1]}-{k[2].split(':')[-1]}" for k in ORT_KERNELS])
 def test_ort_flavour_uses_the_kernel(make, op, kernel):
     """The ort flavour really maps these ops (the portable one keeps k3c-domain bodies)."""
     from k3c.backends.onnx import lower_graph
@@ -201,8 +204,10 @@ def test_ort_flavour_uses_the_kernel(make, op, kernel):
     assert all(target.startswith("k3c::") for _, target in report), dict(report)
 
 
-def test_ort_flavour_keeps_situ_experts_as_a_body():
+def test_ort_flavour_situ_experts_take_one_gemm_per_expert():
+    """SiTU experts (no onnxruntime kernel): two Gemms per expert over the sorted slots, with no
+    k3c-domain body left."""
     from k3c.backends.onnx import lower_graph
 
     _, report = lower_graph(moe_case("moe_experts", 11, "situ").graph, "ort")
-    assert dict(report) == {("moe_experts", "k3c::moe_experts_situ"): 1}
+    assert dict(report) == {("moe_experts", "ai.onnx::Gemm"): 2 * E}, dict(report)

@@ -77,16 +77,19 @@ def test_k3_tiny_without_passes(flavour, zoo_artifact, eager_results):
 
 def test_ort_flavour_maps_k3_tiny(zoo_artifact):
     """What the ort flavour made of k3-tiny (the default pipeline): the KDA chunk pieces
-    and the decode recurrence are LinearAttention, the convs CausalConvWithState, ..."""
+    and the decode recurrence are LinearAttention, the prefill convs a depthwise Conv and
+    decode's CausalConvWithState, SiTU experts one Gemm per expert in prefill, ..."""
     _, _, _, runner = zoo_artifact("k3-tiny", "ort")
     pre, dec = runner.manifest["lowering"]["prefill"], runner.manifest["lowering"]["decode"]
     assert pre["chunk_prepare+chunk_state_scan+chunk_output -> com.microsoft::LinearAttention"] == 6
-    assert pre["short_conv -> com.microsoft::CausalConvWithState"] == 18
+    assert pre["short_conv -> ai.onnx::Conv"] == 18
+    assert dec["short_conv -> com.microsoft::CausalConvWithState"] == 18
     assert pre["rms_norm -> ai.onnx::RMSNormalization"] > 0
     assert pre["mla_attention -> ai.onnx::Attention"] == 3
     assert dec["kda -> com.microsoft::LinearAttention"] == 6
     assert dec["mla_attention_absorbed -> ai.onnx::Attention"] == 3
-    assert pre["moe_experts -> k3c::moe_experts_situ"] == 8  # no SiTU in onnxruntime's MoE
+    assert pre["moe_experts -> ai.onnx::Gemm"] == 8 * 2 * 8  # SiTU: two Gemms per expert
+    assert dec["moe_experts -> k3c::moe_experts_situ"] == 8  # a decode step keeps the gathered body
 
 
 def test_ort_flavour_runs_kimi_linear_experts_on_ort_moe(zoo_artifact):

@@ -1,5 +1,7 @@
 """The `ort` flavour: IR ops mapped onto onnxruntime's own kernels where their semantics
-match k3c's exactly; every other op keeps its portable lowering (README.md has the table).
+match k3c's exactly, and two prefill forms in standard ops that onnxruntime runs faster than
+the portable bodies (a depthwise Conv, one Gemm per routed expert); every other op keeps its
+portable lowering (README.md has the table).
 
     ORT["kda"].applies(lx, node) -> (ok, reason)      ORT["kda"].emit(lx, node)
 
@@ -151,7 +153,7 @@ def _depthwise_emit(lx, node):
     b.Slice(xp, b.shape_of(x, 1), b.ints([INT64_MAX]), b.ints([2]), outputs=[state_out])  # xp[..., T:]
 
 
-ORT["short_conv"] = Mapping("com.microsoft::CausalConvWithState (one token), ai.onnx::Conv (many)", _conv_applies,
+ORT["short_conv"] = Mapping("com.microsoft::CausalConvWithState / ai.onnx::Conv", _conv_applies,
                             _conv_emit, "channels_last=1, the state transposed in and out; group = C for many tokens")
 
 
@@ -377,7 +379,7 @@ def _experts_emit(lx, node):
         _unrolled_emit(lx, node)
 
 
-ORT["moe_experts"] = Mapping("com.microsoft::MoE (SiLU) or one Gemm per expert", _experts_applies, _experts_emit,
+ORT["moe_experts"] = Mapping("com.microsoft::MoE / ai.onnx::Gemm", _experts_applies, _experts_emit,
                              "silu experts: router logits log(w), output rescaled by sum(w); SiTU experts: "
                              "the slots sorted by expert, one Gemm per expert")
 

@@ -12,6 +12,7 @@ built and loaded on a machine without a GPU; running it there says so.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,6 +53,18 @@ class Entry:
         return [o["name"] for o in self.outputs]
 
 
+def use_all_cpus() -> int:
+    """Size TVM's CPU thread pool to the CPUs this process may run on, unless TVM_NUM_THREADS
+    says otherwise; returns the count. TVM's default takes half of the hardware threads on
+    x86 (it assumes two per core), so on a VM whose vCPUs are whole cores it left half of them
+    idle (k3-small prefill on 2 vCPUs: 1 thread). The pool starts on the first parallel
+    kernel, so this must run before that; the runner calls it when it starts."""
+    if "TVM_NUM_THREADS" not in os.environ:
+        cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
+        os.environ["TVM_NUM_THREADS"] = str(max(1, len(cpus)))
+    return int(os.environ["TVM_NUM_THREADS"])
+
+
 class TvmRunner:
     def __init__(self, out_dir: str | Path):
         self.out_dir = Path(out_dir)
@@ -72,6 +85,8 @@ class TvmRunner:
 
     # ---- start up ------------------------------------------------------------------
     def _start(self) -> None:
+        if self.target == "llvm":
+            use_all_cpus()
         dev = tvm.cuda(0) if self.target == "cuda" else tvm.cpu(0)
         if not dev.exist:
             raise RuntimeError(f"{self.out_dir} was built for {self.target}, and there is no {self.target} device here")

@@ -92,6 +92,31 @@ def test_artifact_is_the_library_the_weights_and_a_manifest(small):
     assert m["weights"] == sorted(set(graphs["prefill"].weights) | set(graphs["decode"].weights))
 
 
+_POOL = """
+import os, sys, tvm_ffi
+from k3c.backends.tvm import TvmRunner
+TvmRunner(sys.argv[1]).run("prefill", __import__("torch").zeros(1, 3, dtype=__import__("torch").int64))
+print(tvm_ffi.get_global_func("runtime.NumThreads")(), len(os.sched_getaffinity(0)))
+"""
+
+
+@pytest.mark.parametrize("preset", [None, "1"], ids=["default", "TVM_NUM_THREADS=1"])
+def test_runner_sizes_the_thread_pool_to_the_cpus(small, preset):
+    """TVM alone takes half the hardware threads on x86; the runner gives it every CPU this
+    process may use, unless TVM_NUM_THREADS is set (fresh processes: the pool is global)."""
+    import os
+    import subprocess
+    import sys
+
+    _, _, out, _ = small
+    env = {k: v for k, v in os.environ.items() if k != "TVM_NUM_THREADS"}
+    if preset:
+        env["TVM_NUM_THREADS"] = preset
+    got = subprocess.run([sys.executable, "-c", _POOL, str(out)], env=env, capture_output=True, text=True, check=True)
+    threads, cpus = (int(x) for x in got.stdout.split())
+    assert threads == (int(preset) if preset else cpus)
+
+
 def test_cuda_target_builds_k3_tiny(tvm_zoo, tmp_path):
     """Code generation for cuda needs no GPU: the library and its CUDA source are written."""
     model, graphs, _, _ = tvm_zoo("k3-tiny")

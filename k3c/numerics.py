@@ -28,7 +28,7 @@ TOLERANCES: dict[torch.dtype, Tolerance] = {
 
 
 def max_abs_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.double() - b.double()).abs().max()) if a.numel() else 0.0
+    return float((a.detach().double() - b.detach().double()).abs().max()) if a.numel() else 0.0
 
 
 def scaled_max_abs_err(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -36,14 +36,14 @@ def scaled_max_abs_err(a: torch.Tensor, b: torch.Tensor) -> float:
     (a linear-attention state sums T outer products and grows with T)."""
     if not a.numel():
         return 0.0
-    return max_abs_err(a, b) / max(1.0, float(b.double().abs().max()))
+    return max_abs_err(a, b) / max(1.0, float(b.detach().double().abs().max()))
 
 
 def rel_rms_err(a: torch.Tensor, b: torch.Tensor) -> float:
     """rms(a - b) / rms(b); 0 when both are zero, inf when only b is."""
     if a.numel() == 0:
         return 0.0
-    a, b = a.double(), b.double()
+    a, b = a.detach().double(), b.detach().double()
     num = (a - b).pow(2).mean().sqrt()
     den = b.pow(2).mean().sqrt()
     if den == 0:

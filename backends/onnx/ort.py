@@ -306,9 +306,16 @@ def _moe_emit(lx, node):
     lx.b.domains.add(MS_DOMAIN)
 
 
+# Unrolling writes about 15 nodes per expert and layer: 256 experts are some 4k nodes a
+# layer; K3's 896 would put over a million in the graph, so larger E keeps the body's Loop.
+MAX_UNROLLED_EXPERTS = 256
+
+
 def _unrolled_applies(lx, node):
     if node.inputs[1] not in lx.graph.weights or node.inputs[2] not in lx.graph.weights:
         return False, "the per-expert form needs the expert weights as initializers"
+    if int(lx.type(node.inputs[1]).shape[0]) > MAX_UNROLLED_EXPERTS:
+        return False, f"more than {MAX_UNROLLED_EXPERTS} experts: the unrolled graph would be too large"
     if D.symbols_of(lx.type(node.inputs[0]).shape[0]) <= {"B"}:
         return False, "a decode step (N = B tokens) keeps the body, whose gathered form reads only the routed experts"
     if not _f32(lx, node):

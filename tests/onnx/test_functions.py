@@ -211,3 +211,15 @@ def test_ort_flavour_situ_experts_take_one_gemm_per_expert():
 
     _, report = lower_graph(moe_case("moe_experts", 11, "situ").graph, "ort")
     assert dict(report) == {("moe_experts", "ai.onnx::Gemm"): 2 * E}, dict(report)
+
+
+def test_ort_flavour_keeps_the_body_for_many_experts(monkeypatch):
+    """Past MAX_UNROLLED_EXPERTS the per-expert form would bloat the graph: the body (and its
+    Loop) stays, and still matches the reference."""
+    from k3c.backends.onnx import lower_graph, ort
+
+    monkeypatch.setattr(ort, "MAX_UNROLLED_EXPERTS", E - 1)
+    case = moe_case("moe_experts", 11, "situ", skewed=True)
+    _, report = lower_graph(case.graph, "ort")
+    assert dict(report) == {("moe_experts", "k3c::moe_experts_situ"): 1}, dict(report)
+    check(case, "ort")

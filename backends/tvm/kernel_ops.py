@@ -15,7 +15,7 @@ Choices a reader should know:
 from __future__ import annotations
 
 import sympy
-from tvm import relax
+from tvm import relax, tirx
 
 from ...ir import dims as D
 from ...kernels.attention.tvm import KEY_BLOCK, causal_attention
@@ -95,8 +95,11 @@ def attention(ctx: LowerContext, q, k, v, H: int, G: int, D_: int, Dv: int, scal
               name: str = "causal_attention") -> relax.Expr:
     """The causal attention kernel on q [B, L, H, D], k [B, S, G, D], v [B, S, G, Dv]
     (the kernel takes the keys transposed and padded by a key block, [B, G, D, S + KB])."""
-    gv = ctx.kernel((name, H, G, D_, Dv, scale),
-                    lambda: causal_attention(H, G, D_, Dv, scale, ctx.target), ATTN_SCHEDULES)
+    L = out_shape[1]
+    one_row = (L.value if isinstance(L, tirx.IntImm) else L) == 1  # a decode step: no row tiles
+    rows = 1 if one_row else None
+    gv = ctx.kernel((name, H, G, D_, Dv, scale, rows),
+                    lambda: causal_attention(H, G, D_, Dv, scale, ctx.target, R=rows), ATTN_SCHEDULES)
     pad = R.zeros(relax.ShapeExpr([out_shape[0], G, D_, KEY_BLOCK]), "float32")
     kT = ctx.bb.emit(R.concat([R.permute_dims(k, [0, 2, 3, 1]), pad], axis=3))
     return ctx.call_tir(gv, [q, kT, v], [relax.TensorType(out_shape, "float32")])[0]

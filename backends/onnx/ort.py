@@ -316,8 +316,11 @@ def _unrolled_applies(lx, node):
         return False, "the per-expert form needs the expert weights as initializers"
     if int(lx.type(node.inputs[1]).shape[0]) > MAX_UNROLLED_EXPERTS:
         return False, f"more than {MAX_UNROLLED_EXPERTS} experts: the unrolled graph would be too large"
-    if D.symbols_of(lx.type(node.inputs[0]).shape[0]) <= {"B"}:
-        return False, "a decode step (N = B tokens) keeps the body, whose gathered form reads only the routed experts"
+    N = lx.type(node.inputs[0]).shape[0]
+    E, k = lx.type(node.inputs[1]).shape[0], lx.type(node.inputs[3]).shape[1]
+    few = int(N) * int(k) <= int(E) if D.is_static(N) else D.symbols_of(N) <= {"B"}  # N = B: a decode step
+    if few:
+        return False, "few tokens (a decode step) keep the body, whose gathered form reads only the routed experts"
     if not _f32(lx, node):
         return False, "f32 only"
     return True, ""

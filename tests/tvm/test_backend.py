@@ -93,9 +93,9 @@ def test_artifact_is_the_library_the_weights_and_a_manifest(small):
 
 
 _POOL = """
-import os, sys, tvm_ffi
+import os, sys, torch, tvm_ffi
 from k3c.backends.tvm import TvmRunner
-TvmRunner(sys.argv[1]).run("prefill", __import__("torch").zeros(1, 3, dtype=__import__("torch").int64))
+TvmRunner(sys.argv[1]).run("prefill", torch.zeros(1, 3, dtype=torch.int64))
 print(tvm_ffi.get_global_func("runtime.NumThreads")(), len(os.sched_getaffinity(0)))
 """
 

@@ -21,7 +21,7 @@ from ...ir import Node
 from ...ir import dims as D
 from .builder import INT64_MAX, MS_DOMAIN, Builder, subgraph
 from .functions.attention import absorbed_query, mla_keys_values
-from .functions.mlp import activation, moe_experts
+from .functions.mlp import activation, moe_experts, sorted_slots
 from .standard import ones_like_last
 
 
@@ -326,28 +326,12 @@ def _unrolled_applies(lx, node):
     return True, ""
 
 
-def _sorted_slots(b: Builder, idx: str, E: int) -> tuple[str, str, str]:
-    """The routed slots sorted by expert (a counting sort, stable in slot order):
-    counts [E] of each expert, dest [N k] each slot's position in that order, perm [N k] the
-    inverse (the slot at each position)."""
-    flat = b.Reshape(idx, b.ints([-1]))  # [N k]
-    onehot = b.Cast(b.Equal(b.unsqueeze(flat, 1), b.const(list(range(E)), "i64")), to=7)  # [N k, E]
-    counts = b.ReduceSum(onehot, b.ints([0]), keepdims=0)
-    rank = b.ReduceSum(b.Mul(b.CumSum(onehot, b.const(0, "i64")), onehot), b.ints([1]), keepdims=0)  # 1-based
-    start = b.Sub(b.CumSum(counts, b.const(0, "i64")), counts)
-    dest = b.Sub(b.Add(b.Gather(start, flat, axis=0), rank), b.const(1, "i64"))
-    n = b.squeeze(b.Shape(flat), 0)
-    perm = b.ScatterElements(b.Expand(b.const(0, "i64"), b.Shape(flat)), dest,
-                             b.Range(b.const(0, "i64"), n, b.const(1, "i64")))
-    return counts, dest, perm
-
-
 def _unrolled_body(b: Builder, h: str, w13: str, w2: str, idx: str, w: str, E: int, k: int, act: str,
                    beta, linear_beta, y: str) -> None:
     """Each expert's slots (a Split of the sorted rows) through two Gemms against Gather(w, e):
     constants that onnxruntime folds and prepacks at load. The outputs are concatenated in
     expert order, gathered back to slot order, weighted and summed per token."""
-    counts, dest, perm = _sorted_slots(b, idx, E)
+    counts, dest, perm = sorted_slots(b, idx, E)
     rows = b.Gather(h, b.Div(perm, b.const(k, "i64")), axis=0)  # [N k, D]: each slot's token
     outs = []
     for e, part in enumerate(b.op("Split", [rows, counts], E, axis=0)):

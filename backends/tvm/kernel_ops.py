@@ -33,7 +33,7 @@ from ...kernels.situ.tvm import situ
 from .chunk_ops import chunked_delta_rule
 from .context import LowerContext
 from .dims import static_int
-from .relax_ops import packable, packed_gemm
+from .relax_ops import decode_step, packable, packed_gemm
 
 R = relax.op
 
@@ -258,8 +258,7 @@ def _gated_mlp(ctx: LowerContext, node, x, w):
     rows = _rows(ctx, node.inputs[0])
     x2 = R.reshape(x, relax.ShapeExpr([rows, D_]))
     if packable(ctx, node):
-        xt = ctx.type_of(node.inputs[0])
-        gu = packed_gemm(ctx, ctx.bb.emit(x2), w, rows, I2, D_, decode=xt.rank >= 2 and xt.shape[-2] == 1)
+        gu = packed_gemm(ctx, ctx.bb.emit(x2), w, rows, I2, D_, decode=decode_step(ctx, node.inputs[0]))
     else:
         gu = ctx.bb.emit(R.matmul(x2, R.permute_dims(w, [1, 0])))
     y = _activation(ctx, gu, rows, I2 // 2, a["act"], a["beta"], a["linear_beta"])

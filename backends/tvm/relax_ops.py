@@ -145,6 +145,12 @@ def packable(ctx, node, weight_input: int = 1) -> bool:
             and all(isinstance(d, int) for d in wt.shape))
 
 
+def decode_step(ctx, value: str) -> bool:
+    """The value's rows are the batch of a decode step: its second to last axis is a static 1."""
+    t = ctx.type_of(value)
+    return t.rank >= 2 and t.shape[-2] == 1
+
+
 def packed_gemm(ctx, x2, w, M, N: int, K: int, decode: bool) -> relax.Expr:
     """x2 [M, K] @ w[N, K]^T -> [M, N] through kernels/common/tvm/gemm.py; the packing of w is
     weight-only, so the build lifts it to load time."""
@@ -162,13 +168,12 @@ def _packed_linear(ctx, node, x, w):
     if not packable(ctx, node):
         return None
     N, K = ctx.type_of(node.inputs[1]).shape
-    xt = ctx.type_of(node.inputs[0])
     lead = ctx.shape(node.inputs[0])[:-1]
     M = lead[0]
     for d in lead[1:]:
         M = M * d
     x2 = ctx.bb.emit(R.reshape(x, [M, K]))
-    y = packed_gemm(ctx, x2, w, M, N, K, decode=xt.rank >= 2 and xt.shape[-2] == 1)
+    y = packed_gemm(ctx, x2, w, M, N, K, decode=decode_step(ctx, node.inputs[0]))
     return R.reshape(y, [*lead, N])
 
 

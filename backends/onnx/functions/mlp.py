@@ -74,22 +74,46 @@ def _gated_mlp_silu(b, x, w):
 
 # ---- routed experts ------------------------------------------------------------------------
 
+def _expert_ranks(b: Builder, idx: str, experts: str) -> tuple[str, str, str]:
+    """flat [N k] (the expert of every slot of idx [N, k]), counts [E] (slots per expert) and
+    rank [N k] (a slot's 1-based place among its expert's slots, in slot order); `experts`
+    holds the expert ids, broadcast against [N k, 1]."""
+    flat = b.Reshape(idx, b.ints([-1]))
+    onehot = b.Cast(b.Equal(b.unsqueeze(flat, 1), experts), to=7)  # [N k, E] int64
+    counts = b.ReduceSum(onehot, b.ints([0]), keepdims=0)
+    rank = b.ReduceSum(b.Mul(b.CumSum(onehot, b.const(0, "i64")), onehot), b.ints([1]), keepdims=0)
+    return flat, counts, rank
+
+
+def _inverse(b: Builder, fill: str, dest: str, n_slots: str) -> str:
+    """fill with slot s written at position dest[s], for the n_slots ([1]) slots."""
+    return b.ScatterElements(fill, dest, b.Range(b.const(0, "i64"), b.squeeze(n_slots, 0), b.const(1, "i64")))
+
+
 def _slot_batches(b: Builder, idx: str, E: str) -> tuple[str, str, str]:
     """The routed slots grouped by expert, padded to the busiest expert's count `cap`:
     slots [E * cap] holds, for each expert in turn, the flat slot ids n * k + j routed to it
     (in slot order) and then N * k (a padding slot); dest [N * k] is the inverse, each slot's
     row in that layout. No Loop, no data-dependent shapes but `cap`; the padding costs
     (cap * E - N * k) rows of work."""
-    flat = b.Reshape(idx, b.ints([-1]))  # [N k]: the expert of every slot
-    n_slots = b.Shape(flat)
     experts = b.Range(b.const(0, "i64"), b.squeeze(E, 0), b.const(1, "i64"))
-    onehot = b.Cast(b.Equal(b.unsqueeze(flat, 1), b.unsqueeze(experts, 0)), to=7)  # [N k, E] int64
-    rank = b.ReduceSum(b.Mul(b.CumSum(onehot, b.const(0, "i64")), onehot), b.ints([1]), keepdims=0)  # 1-based
-    cap = b.ReduceMax(b.ReduceSum(onehot, b.ints([0]), keepdims=0), keepdims=1)  # [1]
+    flat, counts, rank = _expert_ranks(b, idx, b.unsqueeze(experts, 0))
+    n_slots = b.Shape(flat)
+    cap = b.ReduceMax(counts, keepdims=1)  # [1]
     dest = b.Add(b.Mul(flat, cap), b.Sub(rank, b.ints([1])))
-    padding = b.Expand(n_slots, b.Mul(E, cap))
-    slots = b.ScatterElements(padding, dest, b.Range(b.const(0, "i64"), b.squeeze(n_slots, 0), b.const(1, "i64")))
+    slots = _inverse(b, b.Expand(n_slots, b.Mul(E, cap)), dest, n_slots)
     return slots, cap, dest
+
+
+def sorted_slots(b: Builder, idx: str, E: int) -> tuple[str, str, str]:
+    """The routed slots sorted by expert, unpadded (a counting sort, stable in slot order), for
+    a static expert count E: counts [E] of each expert, dest [N k] each slot's position in
+    that order, perm [N k] the inverse (the slot at each position)."""
+    flat, counts, rank = _expert_ranks(b, idx, b.const(list(range(E)), "i64"))
+    start = b.Sub(b.CumSum(counts, b.const(0, "i64")), counts)
+    dest = b.Sub(b.Add(b.Gather(start, flat, axis=0), rank), b.const(1, "i64"))
+    n_slots = b.Shape(flat)
+    return counts, dest, _inverse(b, b.Expand(b.const(0, "i64"), n_slots), dest, n_slots)
 
 
 def _rows(b: Builder, x: str, slots: str, E: str, cap: str) -> str:

@@ -1,6 +1,7 @@
 """The verifier: names the node, the broken rule and the user's source line.
 
-Rules: unknown-op, arity, attr (unknown, missing, mistyped or out-of-range attributes), undefined-value, redefined-value, undeclared-dim,
+Rules: unknown-op, arity, attr (unknown, missing, mistyped or out-of-range attributes),
+undefined-value, redefined-value, undeclared-dim,
 type-mismatch, undefined-output, plus each op's own shape rules (state-shape, qkv-shape, ...).
 """
 

@@ -67,7 +67,8 @@ def _mla_infer(q, ckv, krope, w_kv_b, *, v_head_dim, scale) -> list[TensorType]:
 defop("mla_attention", "q ckv krope w_kv_b", "o", attrs={"v_head_dim": attr("int", lo=1), "scale": SCALE},
       infer=_mla_infer, ref=lambda q, ckv, krope, w, v_head_dim, scale: mla_attention(q, ckv, krope, w, v_head_dim,
                                                                                        scale),
-      flops=_mla_flops, eager=True, families="attention", doc="MLA over the latent cache: keys/values up-projected by w_kv_b (NoPE)")
+      flops=_mla_flops, eager=True, families="attention",
+      doc="MLA over the latent cache: keys/values up-projected by w_kv_b (NoPE)")
 
 
 def _res_infer(V: TensorType, w: TensorType, n: TensorType, *, eps) -> list[TensorType]:

@@ -125,7 +125,8 @@ def _full_infer(*, shape, value, dtype) -> list[TensorType]:
 
 
 defop("full", "", attrs={"shape": attr("shape"), "value": attr("number"), "dtype": attr("dtype")},
-      infer=_full_infer, flops=NONE, ref=lambda shape, value, dtype: torch.full(tuple(shape), value, dtype=DTYPES[dtype]),
+      infer=_full_infer, flops=NONE,
+      ref=lambda shape, value, dtype: torch.full(tuple(shape), value, dtype=DTYPES[dtype]),
       families="constant", doc="a tensor of `shape` filled with `value`")
 
 

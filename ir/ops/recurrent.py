@@ -144,4 +144,5 @@ def _conv_ref(x, w, state, activation):
 
 defop("short_conv", "x w state", "y state_out", attrs={"activation": attr("str", "none", choices=("none", "silu"))},
       infer=_conv_infer, ref=_conv_ref, eager=True, families="recurrent",
-      flops=lambda ins, outs, a: (2 * ins[1][1] + 2) * math.prod(ins[0]), doc="causal depthwise conv over [state ++ x]; state = last W-1 inputs")
+      flops=lambda ins, outs, a: (2 * ins[1][1] + 2) * math.prod(ins[0]),
+      doc="causal depthwise conv over [state ++ x]; state = last W-1 inputs")

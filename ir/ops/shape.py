@@ -72,7 +72,8 @@ def _slice_infer(x: TensorType, *, dim, start, end, step) -> list[TensorType]:
     return [x.with_shape(shape)]
 
 
-defop("slice", "x", attrs={"dim": attr("int"), "start": attr("dim", 0), "end": attr("dim"), "step": attr("int", 1, lo=1)},
+defop("slice", "x",
+      attrs={"dim": attr("int"), "start": attr("dim", 0), "end": attr("dim"), "step": attr("int", 1, lo=1)},
       infer=_slice_infer, ref=lambda x, dim, start, end, step: _slice_ref(x, dim, start, end, step), flops=NONE,
       families="shape view", doc="y = x[start:end:step] along `dim`")
 

@@ -82,7 +82,8 @@ def _fake(name: str):
         with D.assuming_equal() as pairs:
             inferred = spec.infer(*types, **spec.full_attrs(attrs))
         for a, b in pairs:  # what the op needs of its inputs' sizes, told to torch
-            torch._check(_size(a, leaves) == _size(b, leaves), lambda a=a, b=b: f"{spec.name}: sizes {a} and {b} differ")
+            torch._check(_size(a, leaves) == _size(b, leaves),
+                         lambda a=a, b=b: f"{spec.name}: sizes {a} and {b} differ")
         outs = [torch.empty([_size(d, leaves) for d in t.shape], dtype=DTYPES[t.dtype], device=ins[0].device)
                 for t in inferred]
         return tuple(outs) if len(outs) > 1 else outs[0]

@@ -30,12 +30,12 @@ class ReferenceBackend:
     def supports(self, node: Node, graph: Graph) -> tuple[bool, str]:
         return (True, "") if node.op in OPS else (False, f"op {node.op!r} has no declaration")
 
-    def lower(self, graphs: dict[str, Graph], out_dir: Path, **options) -> Path:
+    def lower(self, graphs: dict[str, Graph], out_dir: Path) -> Path:
         for entry, g in graphs.items():
             save(g, Path(out_dir) / entry)
         return Path(out_dir)
 
-    def load(self, out_dir: Path, **options) -> ReferenceRunner:
+    def load(self, out_dir: Path) -> ReferenceRunner:
         out_dir = Path(out_dir)
         return ReferenceRunner({d.name: load(d) for d in sorted(out_dir.iterdir()) if (d / "graph.k3c").exists()})
 

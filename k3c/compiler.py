@@ -54,41 +54,57 @@ class CompiledModel:
         return outs[0], dict(zip(names[1:], outs[1:]))
 
 
+def prepare(graphs: dict[str, Graph], be, passes: str | list[str] = "default",
+            pass_options: dict | None = None) -> dict[str, Graph]:
+    """The graphs `be` lowers: the pass pipeline with the backend's choices in it (the
+    recurrent ops it takes whole stay whole through chunk-delta-rule), then every node the
+    backend has no lowering for rewritten into its op's decomposition. An op that is neither
+    lowered nor decomposable is an UnsupportedNodeError naming it and the model line."""
+    from . import passes as passes_mod
+
+    steps = passes_mod.for_backend(passes_mod.steps_of(passes), keep=getattr(be, "takes_whole", ()))
+    recorded = passes if steps == passes_mod.steps_of(passes) else steps  # what an artifact says it ran
+    out = {}
+    for entry, g in graphs.items():
+        g = passes_mod.run(g, steps, **(pass_options or {}))
+        passes_mod.legalize(g, be.supports)
+        backends.check_supported(be, g)
+        g.meta.setdefault("pipeline", recorded)
+        out[entry] = g
+    return out
+
+
 def compile(model: torch.nn.Module, backend: str, example_inputs: tuple, out_dir: str | Path | None = None,
             passes: str | list[str] = "default", *, dynamic: bool = True, verbose: bool = False,
             pass_options: dict | None = None, **options) -> CompiledModel:
     """Compile `model` for `backend` ("reference", "onnx", "tvm", "triton").
 
     Writes the artifact to `out_dir` (a new temporary folder when None) and returns a
-    callable backed by it. An op the backend cannot lower is an UnsupportedNodeError that
-    names every such node, the backend and the model line. `pass_options` go to
-    `k3c.passes.run` (verify_each, dump_after, report).
+    callable backed by it. `options` configure the backend (onnx: flavour, providers,
+    threads; tvm: target); `pass_options` go to `k3c.passes.run` (verify_each, dump_after,
+    report). An op the backend cannot lower is an UnsupportedNodeError that names every such
+    node, the backend and the model line.
     """
-    from . import passes as passes_mod
-
     if not isinstance(example_inputs, tuple):
         example_inputs = (example_inputs,)
-    be = backends.get(backend, **options.pop("backend_options", {}))
+    be = backends.get(backend, **{**options.pop("backend_options", {}), **options})
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     graphs = capture_entries(model, example_inputs, dynamic)
     timings["capture"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    graphs = {e: passes_mod.run(g, passes, **(pass_options or {})) for e, g in graphs.items()}
+    graphs = prepare(graphs, be, passes, pass_options)
     timings["passes"] = time.perf_counter() - t0
     for g in graphs.values():  # what the artifact came from, for backends that record it (onnx)
-        g.meta.setdefault("pipeline", passes)
         if dataclasses.is_dataclass(getattr(model, "config", None)):
             g.meta.setdefault("config", dataclasses.asdict(model.config))
-    for g in graphs.values():
-        backends.check_supported(be, g)
     out = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix=f"k3c-{backend}-"))
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    be.lower(graphs, out, **options)
+    be.lower(graphs, out)
     timings["lower"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    runner = be.load(out, **options)
+    runner = be.load(out)
     timings["load"] = time.perf_counter() - t0
     if verbose:
         print(f"compiled {getattr(model, 'name', type(model).__name__)} for {backend} into {out}: "

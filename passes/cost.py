@@ -66,10 +66,11 @@ def _flops(node: Node, ins: list[Shape], outs: list[Shape], attrs: dict) -> int:
     return rule(ins, outs, attrs) if rule is not None else sum(math.prod(s) for s in outs)
 
 
-def node_cost(graph: Graph, node: Node, env: dict[str, int]) -> Cost:
+def node_cost(graph: Graph, node: Node, env: dict[str, int], types=None) -> Cost:
+    types = graph.types if types is None else types
     key = tuple(sorted(env.items()))
-    ins = [_shape(graph.types[i], key) for i in node.inputs]
-    outs = [_shape(graph.types[o], key) for o in node.outputs]
+    ins = [_shape(types[i], key) for i in node.inputs]
+    outs = [_shape(types[o], key) for o in node.outputs]
     attrs = {k: resolve(v, env) for k, v in OPS[node.op].full_attrs(node.attrs).items()}
     flops = _flops(node, ins, outs, attrs)
     if node.op in VIEWS or "view" in OPS[node.op].families:
@@ -78,8 +79,8 @@ def node_cost(graph: Graph, node: Node, env: dict[str, int]) -> Cost:
     for name, shape in zip(node.inputs, ins):
         if name not in seen:
             seen.add(name)
-            nbytes += _bytes(graph.types[name], shape)
-    nbytes += sum(_bytes(graph.types[o], s) for o, s in zip(node.outputs, outs))
+            nbytes += _bytes(types[name], shape)
+    nbytes += sum(_bytes(types[o], s) for o, s in zip(node.outputs, outs))
     return Cost(flops, nbytes)
 
 
@@ -98,3 +99,18 @@ def nodes_cost(graph: Graph, nodes: list[Node], at: dict[str, int] | None = None
     for n in nodes:
         total = total + node_cost(graph, n, env)
     return total
+
+
+def staged_cost(b, at: dict[str, int] | None = None) -> Cost:
+    """The cost of the nodes a Builder has staged (their types are not in the graph yet)."""
+    env = binding(b.graph, at)
+    types = {**b.graph.types, **b.types}
+    total = Cost(0, 0)
+    for n in b.nodes:
+        total = total + node_cost(b.graph, n, env, types)
+    return total
+
+
+def no_worse(before: Cost, after: Cost) -> bool:
+    """A rewrite is kept only when it makes neither FLOPs nor bytes worse."""
+    return after.flops <= before.flops and after.bytes <= before.bytes

@@ -85,7 +85,7 @@ def describe_entry(graph: Graph, file: str, state: set[str]) -> dict:
 
 
 def build_manifest(graphs: dict[str, Graph], flavour: str, reports: dict, *, model: str | None,
-                   config: dict | None, pipeline, chunk_size) -> dict:
+                   config: dict | None, pipeline) -> dict:
     from ... import __version__
 
     state = set(graphs["decode"].inputs[1:]) if "decode" in graphs else set()
@@ -97,7 +97,7 @@ def build_manifest(graphs: dict[str, Graph], flavour: str, reports: dict, *, mod
     return {
         "format": FORMAT, "format_version": 1, "k3c_version": __version__,
         "model": model, "config": config, "pipeline": pipeline, "flavour": flavour, "opset": OPSET,
-        "chunk_size": chunk_size, "weights": WEIGHTS, "dims": dims, "state": list(order),
+        "weights": WEIGHTS, "dims": dims, "state": list(order),
         "entries": {e: describe_entry(g, f"{e}.onnx", state) for e, g in graphs.items()},
         "lowering": {e: {f"{op} -> {target}": n for (op, target), n in sorted(r.items())}
                      for e, r in reports.items()},

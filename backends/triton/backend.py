@@ -17,14 +17,12 @@ from pathlib import Path
 import torch
 
 from ...ir import Graph, InputError, Node, bind_dims, parse, print_graph
+from .. import tables as L
+from ..base import legalized
 from .codegen import generate_module
-from .elementwise import FLOATS
-from .lowering import LOWERINGS, REASONS
 
 MODULE_FILE = "model_triton.py"
 FORMAT = "k3c-triton-1"
-# Recurrent-state ops whose kernels hold a [K, BV] state block in registers.
-MAX_HEAD_DIM = 256
 
 
 class TritonRunner:
@@ -55,22 +53,11 @@ class TritonBackend:
         return True, ""
 
     def supports(self, node: Node, graph: Graph) -> tuple[bool, str]:
-        if node.op not in LOWERINGS:
-            return False, REASONS.get(node.op, f"no Triton lowering for op {node.op!r}")
-        if node.op in ("kda", "gated_delta_rule", "delta_rule", "linear_attention", "chunk_prepare"):
-            K = graph.types[node.inputs[0]].shape[-1]
-            V = graph.types[node.inputs[2]].shape[-1]
-            if not all(isinstance(d, int) and d <= MAX_HEAD_DIM for d in (K, V)):
-                return False, f"head dims K={K}, V={V}: the Triton kernels take static head dims up to {MAX_HEAD_DIM}"
-            if any(graph.types[i].dtype not in FLOATS for i in node.inputs):
-                return False, "the Triton kernels take floating-point inputs"
-        if node.op == "chunk_prepare":
-            C = node.attrs.get("chunk_size")
-            if not isinstance(C, int) or C < 16 or C & (C - 1):
-                return False, f"chunk_size {C}: the Triton chunk kernels need a power of two >= 16"
-        return True, ""
+        low, why = L.find("triton", node, graph)
+        return (True, "") if low is not None else (False, why)
 
-    def lower(self, graphs: dict[str, Graph], out_dir: Path, **options) -> Path:
+    def lower(self, graphs: dict[str, Graph], out_dir: Path) -> Path:
+        graphs = legalized(self, graphs)
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         title = next(iter(graphs.values())).meta.get("model") or next(iter(graphs.values())).name
@@ -93,7 +80,7 @@ class TritonBackend:
         (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
         return out
 
-    def load(self, out_dir: Path, **options) -> TritonRunner:
+    def load(self, out_dir: Path) -> TritonRunner:
         out = Path(out_dir)
         manifest_file = out / "manifest.json"
         if not manifest_file.exists():

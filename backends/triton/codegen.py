@@ -22,7 +22,7 @@ from ...ir import dims as D
 from ...ir.types import DTYPES
 from . import fusion
 from .elementwise import Group, kernel_for
-from .lowering import LOWERINGS
+from .. import tables as L
 
 TORCH_DTYPES = {name: str(dt) for name, dt in DTYPES.items()}  # "f32" -> "torch.float32"
 # Names the generated module defines or imports: values are renamed away from them.
@@ -131,8 +131,13 @@ class EntryWriter:
     def use(self, module: str, name: str) -> str:
         return self.module.use(module, name)
 
+    def attrs(self, node: Node) -> dict:
+        """The node's attributes with the op's defaults filled in."""
+        return OPS[node.op].full_attrs(node.attrs)
+
     def attr(self, node: Node, key: str) -> str:
-        value = OPS[node.op].full_attrs(node.attrs)[key]
+        """An attribute as Python source (a dim as an expression of the bound dims)."""
+        value = self.attrs(node)[key]
         if isinstance(value, sympy.Basic):
             return self.dim(value)
         return repr(value)
@@ -180,16 +185,10 @@ class EntryWriter:
     def _step(self, step) -> list[str]:
         if isinstance(step, fusion.Single):
             node = step.node
-            return [LOWERINGS[node.op](node, self) + _where(node)]
-        if isinstance(step, fusion.GatedNorm):
-            fn = self.use("k3c.kernels.gated_rmsnorm.triton", "gated_rmsnorm")
-            x, w = (self.val(i) for i in step.norm.inputs)
-            gate = self.val(step.sigmoid.inputs[0])
-            eps = self.attr(step.norm, "eps")
-            return [f"{self.lhs(step.mul)} = {fn}({x}, {w}, {gate}, {eps})" + _where(step.mul)]
-        if isinstance(step, fusion.L2Norm):
-            fn = self.use("k3c.kernels.gated_rmsnorm.triton", "l2norm")
-            return [f"{self.lhs(step.mul)} = {fn}({self.val(step.x)}, {step.eps!r})" + _where(step.mul)]
+            low = L.load("triton").get(node.op)
+            if low is None:
+                raise KeyError(f"no triton lowering for op {node.op!r} ({node.describe()})")
+            return [low.fn(self, node) + _where(node)]
         name, broadcast = self.module.kernel(step, self.graph, self.consts)
         out = self.graph.types[step.root.outputs[0]]
         args = ", ".join(self.val(v) for v in step.inputs)

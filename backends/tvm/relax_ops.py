@@ -1,4 +1,5 @@
-"""Lowerings of the standard IR ops to Relax operators (`relax.op.*`), one small rule per op.
+"""Lowerings of the standard IR ops to Relax operators (`relax.op.*`), one small rule per op,
+registered in the `tvm` table of k3c.backends.tables (cell "relax" of the support matrix).
 
 Relax legalizes these to TensorIR, fuses neighbours, and the schedule rules of schedules.py
 give the fused functions their loops. A `linear` by a float32 weight on llvm is the
@@ -13,6 +14,7 @@ from tvm import relax
 
 from ...ir import dims as D
 from ...kernels.common.tvm.gemm import PANEL, packed_linear, packed_rows
+from ..tables import builtin
 from .context import DTYPES, LowerContext
 
 R = relax.op
@@ -87,12 +89,8 @@ def _axis(ctx, node, dim: int) -> int:
 
 def _slice(ctx, node, x):
     a = ctx.attrs(node)
-    axis = _axis(ctx, node, a["dim"])
-    n = ctx.type_of(node.inputs[0]).shape[axis]
-    end = a["end"]
-    if isinstance(end, int) and (end >= 2**62 or (isinstance(n, int) and end > n)):
-        end = n
-    return R.strided_slice(x, [axis], [ctx.dims.expr(a["start"])], [ctx.dims.expr(end)], [a["step"]],
+    axis = _axis(ctx, node, a["dim"])  # bounds are canonical (0 <= start <= end <= n): the verifier says so
+    return R.strided_slice(x, [axis], [ctx.dims.expr(a["start"])], [ctx.dims.expr(a["end"])], [a["step"]],
                            assume_inbound=True)
 
 
@@ -209,7 +207,7 @@ def _gather(ctx, node, x, idx):
     return R.gather_elements(x, idx, axis=_axis(ctx, node, ctx.attrs(node)["dim"]))
 
 
-RELAX_LOWERINGS = {
+_RULES = {
     "neg": _unary(R.negative), "exp": _unary(R.exp), "log": _unary(R.log), "sqrt": _unary(R.sqrt),
     "rsqrt": _unary(R.rsqrt), "abs": _unary(R.abs), "sigmoid": _unary(R.sigmoid), "tanh": _unary(R.tanh),
     "relu": _unary(R.nn.relu), "silu": _unary(R.nn.silu), "softplus": _softplus, "elu": _elu, "gelu": _gelu,
@@ -225,3 +223,7 @@ RELAX_LOWERINGS = {
     "linear": _linear, "matmul": _binary(R.matmul), "embedding": _embedding,
     "rms_norm": _rms_norm, "layer_norm": _layer_norm, "topk": _topk, "gather": _gather,
 }
+
+
+for _op, _fn in _RULES.items():
+    builtin("tvm", _op, kind="relax")(_fn)

@@ -5,6 +5,11 @@
     outputs = k3c.ir.interpret(graph, *inputs)
 """
 
+if __name__ != "k3c.ir":  # this folder imported under its bare name, e.g. by a script in the repository root
+    raise ImportError(f"'{__name__}' is a folder of k3c's source tree, not a package of its own: import k3c.ir "
+                      f"(something looked up a top-level package named 'ir' from k3c's repository root)")
+
+
 from .graph import Graph, Node
 from .interpret import InputError, bind_dims, interpret
 from .ops import FAMILIES, OPS, OpSpec, ShapeError, family

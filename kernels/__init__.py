@@ -1,10 +1,15 @@
 """k3c.kernels: every op's naive definition beside its fast forms, one folder per op.
 
 The public entry points follow fla's `[B, T, H, K]` layout and return `(o, final_state)`.
-Importing this package registers the `torch.ops.k3c.*` custom ops that models call.
+The `torch.ops.k3c.*` ops that models call are made from the IR op specs (see ops.py).
 """
 
-from . import ops  # noqa: F401  (registers torch.ops.k3c.*)
+if __name__ != "k3c.kernels":  # this folder imported under its bare name, e.g. by a script in the repository root
+    raise ImportError(f"'{__name__}' is a folder of k3c's source tree, not a package of its own: import k3c.kernels "
+                      f"(something looked up a top-level package named 'kernels' from k3c's repository root)")
+
+
+from . import ops  # noqa: F401  (ops.kda(...): the torch ops by name)
 from .attention.naive import causal_attention
 from .attn_res.naive import attn_res_mix
 from .delta_rule import delta_rule

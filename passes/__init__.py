@@ -10,6 +10,11 @@ chunk-delta-rule. A new pass registers itself with `register_pass` (see passes/R
 
 from __future__ import annotations
 
+if __name__ != "k3c.passes":  # this folder imported under its bare name, e.g. by a script in the repository root
+    raise ImportError(f"'{__name__}' is a folder of k3c's source tree, not a package of its own: import k3c.passes "
+                      f"(something looked up a top-level package named 'passes' from k3c's repository root)")
+
+
 from ..ir import Graph
 from ..registry import Registry
 from . import chunk_delta_rule, constant_fold, cse, dce, fold_latent_moe, fuse_norms, fuse_situ  # noqa: F401

@@ -25,8 +25,8 @@ from ..ir import Graph
 from ..kernels.delta_chunk import DEFAULT_CHUNK_SIZE
 from .builder import Builder
 from .driver import Rule, apply_rules
-from .registry import register_pass
 from .pattern import Match, Op
+from .registry import register_pass
 
 GATES = {"kda": "channel", "gated_delta_rule": "head", "delta_rule": "none"}
 

@@ -28,8 +28,8 @@ import torch
 from ..ir import OPS, Graph
 from .builder import Builder
 from .driver import Rule, apply_rules
-from .registry import register_pass
 from .pattern import Alt, Any, Const, Match, Op, Product
+from .registry import register_pass
 
 
 def _scaled(x: str, beta: str) -> Alt:

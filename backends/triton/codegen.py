@@ -20,9 +20,9 @@ import sympy
 from ...ir import OPS, Graph, Node
 from ...ir import dims as D
 from ...ir.types import DTYPES
+from .. import tables as L
 from . import fusion
 from .elementwise import Group, kernel_for
-from .. import tables as L
 
 TORCH_DTYPES = {name: str(dt) for name, dt in DTYPES.items()}  # "f32" -> "torch.float32"
 # Names the generated module defines or imports: values are renamed away from them.

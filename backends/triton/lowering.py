@@ -56,7 +56,6 @@ def _full(cg, n: Node) -> str:
 
 
 def _arange(cg, n: Node) -> str:
-    a = n.attrs
     return (f"{cg.lhs(n)} = torch.arange({cg.attr(n, 'start')}, {cg.attr(n, 'end')}, "
             f"dtype={cg.torch_dtype(cg.attrs(n)['dtype'])}, device=dev)")
 

@@ -11,8 +11,8 @@ from ...ir import Node
 from ...kernels.kda.tvm import chunk
 from ..tables import builtin
 from .context import LowerContext
-from .kernel_ops import _float32_kernel
 from .dims import static_int
+from .kernel_ops import _float32_kernel
 
 R = relax.op
 

@@ -7,8 +7,9 @@ imported only when their backend is asked for.
 from __future__ import annotations
 
 if __name__ != "k3c.backends":  # this folder imported under its bare name, e.g. by a script in the repository root
-    raise ImportError(f"'{__name__}' is a folder of k3c's source tree, not a package of its own: import k3c.backends "
-                      f"(something looked up a top-level package named 'backends' from k3c's repository root)")
+    raise ImportError(f"'{__name__}' is a folder of k3c's source tree, not a package: import k3c.backends. A script "
+                      f"run from k3c's repository root finds this folder when it, or a library it uses (transformers "
+                      f"looks for a package named 'kernels'), imports 'backends': run it from another directory")
 
 
 import importlib

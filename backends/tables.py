@@ -67,7 +67,7 @@ def builtin(backend: str, *ops: str, supports: Supports | None = None, kind: str
     """Decorator for k3c's own lowerings (the modules of _BUILTIN): register fn for `ops`."""
     def deco(fn: Callable) -> Callable:
         for op in ops:
-            _table(backend).add(op, Lowering(backend, op, fn, supports, kind))
+            _table(backend).add(op, Lowering(backend, op, fn, supports, kind), builtin=True)
         return fn
     return deco
 

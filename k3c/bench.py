@@ -19,8 +19,7 @@ from pathlib import Path
 import torch
 
 from . import backends as backends_mod
-from . import passes as passes_mod
-from .compiler import capture_entries
+from .compiler import capture_entries, prepare
 from .diff import format_table, seeded_ids
 
 
@@ -142,15 +141,15 @@ def bench(model: torch.nn.Module, backends: list[str], *, seq_len: int = 1024, d
             row.error = f"{type(e).__name__}: {e}"
         report.rows["torch.compile"] = row
         tick("torch.compile")
-    graphs = capture_entries(model, (prompt[:, :16],))
-    graphs = {e: passes_mod.run(g, passes) for e, g in graphs.items()}
-    tick("capture + passes")
+    captured = capture_entries(model, (prompt[:, :16],))
+    tick("capture")
     out_root = Path(out_root) if out_root else Path(tempfile.mkdtemp(prefix="k3c-bench-"))
     for be_name in backends:
         row = BenchRow(be_name)
         try:
             be = backends_mod.get(be_name)
             t0 = time.perf_counter()
+            graphs = prepare(captured, be, passes)  # the pipeline as this backend runs it
             be.lower(graphs, out_root / be_name)
             runner = be.load(out_root / be_name)
             row.compile_seconds = time.perf_counter() - t0

@@ -18,8 +18,7 @@ from pathlib import Path
 import torch
 
 from . import backends as backends_mod
-from . import passes as passes_mod
-from .compiler import capture_entries
+from .compiler import capture_entries, prepare
 from .ir import Graph, Node, interpret
 from .ir.extract import extract
 from .numerics import TOLERANCES, Tolerance, compare
@@ -105,8 +104,7 @@ def diff(model: torch.nn.Module, backends: list[str], *, seq_len: int = 130, bat
     ids = seeded_ids(vocab, batch, seq_len + decode_steps, seed)
     name = getattr(model, "name", type(model).__name__)
     say(f"capturing {name}")
-    graphs = capture_entries(model, (ids[:, :capture_len],))
-    graphs = {e: passes_mod.run(g, passes) for e, g in graphs.items()}
+    captured = capture_entries(model, (ids[:, :capture_len],))
     ref_logits, ref_state = model.prefill(ids[:, :seq_len])
     t0 = time.perf_counter()  # the speed column compares warm runs: a second prefill
     model.prefill(ids[:, :seq_len])
@@ -121,18 +119,17 @@ def diff(model: torch.nn.Module, backends: list[str], *, seq_len: int = 130, bat
                                "capture_len": capture_len}, {}, eager_s)
     for be_name in backends:
         say(f"{be_name}: lowering and running")
-        report.backends[be_name] = _diff_backend(be_name, graphs, ids, seq_len, decode_steps, ref_logits,
+        report.backends[be_name] = _diff_backend(be_name, captured, passes, ids, seq_len, decode_steps, ref_logits,
                                                  ref_state, ref_steps, ref_final, out_root / be_name, bisect, say)
     return report
 
 
-def _diff_backend(be_name, graphs, ids, seq_len, decode_steps, ref_logits, ref_state, ref_steps, ref_final,
-                  out_dir: Path, bisect: bool, say) -> BackendDiff:
+def _diff_backend(be_name, captured, passes, ids, seq_len, decode_steps, ref_logits, ref_state, ref_steps,
+                  ref_final, out_dir: Path, bisect: bool, say) -> BackendDiff:
     d = BackendDiff(be_name, artifact=str(out_dir))
     try:
         be = backends_mod.get(be_name)
-        for g in graphs.values():
-            backends_mod.check_supported(be, g)
+        graphs = prepare(captured, be, passes)  # the pipeline as this backend runs it, legalized
         t0 = time.perf_counter()
         be.lower(graphs, out_dir)
         runner = be.load(out_dir)

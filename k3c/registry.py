@@ -21,18 +21,31 @@ _ALL: list[Registry] = []
 
 
 class Registry(dict):
-    """A name -> value table; `add` refuses a name already there unless `replace=True`."""
+    """A name -> value table; `add` refuses a name already there unless `replace=True`.
+
+    An entry added with `builtin=True` (k3c's own, registered when a module loads) outlives
+    a `scope()` it happens to be loaded in; a user's registration does not."""
 
     def __init__(self, what: str):
         super().__init__()
         self.what = what
+        self.builtins: dict[str, Any] = {}
         _ALL.append(self)
 
-    def add(self, name: str, value: Any, *, replace: bool = False) -> Any:
+    def add(self, name: str, value: Any, *, replace: bool = False, builtin: bool = False) -> Any:
         if name in self and not replace:
             raise ValueError(f"{self.what} {name!r} is registered already; pass replace=True to replace it")
         self[name] = value
+        if builtin:
+            self.builtins[name] = value
         return value
+
+    def restore(self, snapshot: dict) -> None:
+        """Back to `snapshot`, keeping the built-in entries loaded since it was taken."""
+        late = {k: v for k, v in self.builtins.items() if k not in snapshot}
+        self.clear()
+        self.update(snapshot)
+        self.update(late)
 
 
 @contextmanager
@@ -44,8 +57,7 @@ def scope() -> Iterator[None]:
         yield
     finally:
         for r, snapshot in saved:
-            r.clear()
-            r.update(snapshot)
+            r.restore(snapshot)
 
 
 __all__ = ["Registry", "scope"]

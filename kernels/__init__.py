@@ -5,8 +5,9 @@ The `torch.ops.k3c.*` ops that models call are made from the IR op specs (see op
 """
 
 if __name__ != "k3c.kernels":  # this folder imported under its bare name, e.g. by a script in the repository root
-    raise ImportError(f"'{__name__}' is a folder of k3c's source tree, not a package of its own: import k3c.kernels "
-                      f"(something looked up a top-level package named 'kernels' from k3c's repository root)")
+    raise ImportError(f"'{__name__}' is a folder of k3c's source tree, not a package: import k3c.kernels. A script "
+                      f"run from k3c's repository root finds this folder when it, or a library it uses (transformers "
+                      f"looks for a package named 'kernels'), imports 'kernels': run it from another directory")
 
 
 from . import ops  # noqa: F401  (ops.kda(...): the torch ops by name)

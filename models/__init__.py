@@ -9,8 +9,9 @@
 from __future__ import annotations
 
 if __name__ != "k3c.models":  # this folder imported under its bare name, e.g. by a script in the repository root
-    raise ImportError(f"'{__name__}' is a folder of k3c's source tree, not a package of its own: import k3c.models "
-                      f"(something looked up a top-level package named 'models' from k3c's repository root)")
+    raise ImportError(f"'{__name__}' is a folder of k3c's source tree, not a package: import k3c.models. A script "
+                      f"run from k3c's repository root finds this folder when it, or a library it uses (transformers "
+                      f"looks for a package named 'kernels'), imports 'models': run it from another directory")
 
 
 import torch

@@ -11,8 +11,9 @@ chunk-delta-rule. A new pass registers itself with `register_pass` (see passes/R
 from __future__ import annotations
 
 if __name__ != "k3c.passes":  # this folder imported under its bare name, e.g. by a script in the repository root
-    raise ImportError(f"'{__name__}' is a folder of k3c's source tree, not a package of its own: import k3c.passes "
-                      f"(something looked up a top-level package named 'passes' from k3c's repository root)")
+    raise ImportError(f"'{__name__}' is a folder of k3c's source tree, not a package: import k3c.passes. A script "
+                      f"run from k3c's repository root finds this folder when it, or a library it uses (transformers "
+                      f"looks for a package named 'kernels'), imports 'passes': run it from another directory")
 
 
 from ..ir import Graph

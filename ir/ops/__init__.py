@@ -1,8 +1,9 @@
 """The op table of the k3c IR: every op declared once (see spec.py), grouped by file."""
 
 from . import attention, chunked, elementwise, fused, fused_norms, moe, nn, recurrent, shape  # noqa: F401  (declare)
+from .elementwise import broadcast_shapes
 from .spec import FAMILIES, OPS, REQUIRED, Attr, OpSpec, ShapeError, attr, defop, expect, family
 from .torch_ops import torch_op, torch_ops
 
 __all__ = ["OPS", "FAMILIES", "OpSpec", "Attr", "attr", "ShapeError", "REQUIRED", "defop", "expect", "family",
-           "torch_op", "torch_ops"]
+           "torch_op", "torch_ops", "broadcast_shapes"]

@@ -78,7 +78,8 @@ def test_k3_tiny_without_passes(flavour, zoo_artifact, eager_results):
 def test_ort_flavour_maps_k3_tiny(zoo_artifact):
     """What the ort flavour made of k3-tiny (the default pipeline as it runs it: KDA left
     whole for onnxruntime's kernel): the prefill and decode recurrences are LinearAttention,
-    the prefill convs a depthwise Conv and decode's CausalConvWithState, SiTU experts one Gemm per expert in prefill, ..."""
+    the prefill convs a depthwise Conv and decode's CausalConvWithState, SiTU experts one Gemm per
+    expert in prefill, ..."""
     _, _, _, runner = zoo_artifact("k3-tiny", "ort")
     pre, dec = runner.manifest["lowering"]["prefill"], runner.manifest["lowering"]["decode"]
     assert pre["kda -> com.microsoft::LinearAttention"] == 6

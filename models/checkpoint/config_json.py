@@ -254,6 +254,12 @@ def text_config(d: dict) -> dict:
     return d["text_config"] if is_wrapped(d) else d
 
 
+def merge_config(base: dict, ours: dict) -> dict:
+    """`ours` over the config a model was read from; a field k3c leaves unset (None: the token
+    ids, which k3c has no tokenizer for) keeps the value it was read with."""
+    return {**base, **{k: v for k, v in ours.items() if v is not None or k not in base}}
+
+
 def release_config_json(cfg: KimiConfig, *, dtype: str, quantization: dict | None = None,
                         base: dict | None = None) -> dict:
     """The K3 release's config.json for `cfg`: the `kimi_k3` wrapper, the language model in
@@ -266,7 +272,7 @@ def release_config_json(cfg: KimiConfig, *, dtype: str, quantization: dict | Non
     base_text = dict(text_config(base)) if base else {}
     base.pop("vision_config", None)
     base.pop("text_config", None)
-    text = {**base_text, **kimi_config_to_json(cfg), "model_type": "kimi_linear"}
+    text = {**merge_config(base_text, kimi_config_to_json(cfg)), "model_type": "kimi_linear"}
     text.pop("quantization_config", None)
     if quantization is not None:
         text["quantization_config"] = quantization

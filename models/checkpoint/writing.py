@@ -25,7 +25,7 @@ from ..common import CausalLM
 from ..configs import KimiConfig
 from ..moe_layer import MXFP4Experts
 from ..precision import bytes_by_dtype, unique_tensors
-from .config_json import config_to_json, kimi_model_type, release_config_json
+from .config_json import config_to_json, kimi_model_type, merge_config, release_config_json, text_config
 from .layouts import TEXT_PREFIX, Entry, plan
 from .mxfp4 import quantization_config
 from .shards import CONFIG_NAME, INDEX_NAME, SHARD_RE, WEIGHTS_NAME
@@ -74,10 +74,11 @@ def _config(model: CausalLM, k3_release: bool, info: object | None) -> dict:
     if k3_release:
         floating = {k: t for k, t in unique_tensors(model).items() if t.is_floating_point()}
         dtype = next(iter(bytes_by_dtype(floating)), "float32")
-        quantized = any(isinstance(m, MXFP4Experts) for m in model.modules())
-        return release_config_json(cfg, dtype=dtype, quantization=quantization_config() if quantized else None,
-                                   base=base)
-    return {**(base or {}), **config_to_json(cfg)}
+        quantization = None
+        if any(isinstance(m, MXFP4Experts) for m in model.modules()):  # the one read, else k3c's
+            quantization = text_config(base or {}).get("quantization_config") or quantization_config()
+        return release_config_json(cfg, dtype=dtype, quantization=quantization, base=base)
+    return merge_config(base or {}, config_to_json(cfg))
 
 
 def save_pretrained(model: CausalLM, path: str | Path, *, max_shard_bytes: int | None = None) -> None:

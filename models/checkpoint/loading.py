@@ -102,10 +102,14 @@ def _module_dtypes(entries: list[Entry], found: dict[str, TensorInfo], dtype: to
         kinds = stored.get(key)
         if not kinds:
             continue
-        if len(kinds) > 1:
-            raise CheckpointError(f"{key} is stored in mixed dtypes {sorted(kinds)}; its tensors must agree")
-        d = DTYPES[kinds.pop()]
-        out[key] = dtype if dtype is not None and d.is_floating_point else d
+        floating = all(DTYPES[k].is_floating_point for k in kinds)
+        if dtype is not None and floating:
+            out[key] = dtype  # a cast on purpose: whatever each piece was stored in
+        elif len(kinds) > 1:
+            raise CheckpointError(f"{key} is stored in mixed dtypes {sorted(kinds)}; its tensors must agree "
+                                  "(or pass dtype= to cast them)")
+        else:
+            out[key] = DTYPES[kinds.pop()]
     return out
 
 

@@ -37,10 +37,10 @@ def build(name: str, seed: int = 0, dtype: torch.dtype | str | None = None, expe
     Full-size models (`gpt2`, `kimi-linear`, `k3`) are built on the meta device unless a
     device is given; `overrides` replace config fields (e.g. `num_layers=4`).
 
-    dtype    None: fp32 everywhere (the default build). A floating dtype: the release's
-             storage policy in that dtype, i.e. every floating weight in `dtype` except the
-             tensors the K3 release keeps in F32 (KDA `A_log`, `dt_bias`, convs, `o_norm`,
-             the router's correction bias), which stay fp32.
+    dtype    None: fp32 everywhere (the default build). A floating dtype: the storage policy
+             of the family's release in that dtype, i.e. every floating weight in `dtype`
+             except the tensors the release keeps in F32 (K3: KDA `A_log`, `dt_bias`, convs,
+             `o_norm`, the router's correction bias; Kimi Linear: `A_log`, `dt_bias`).
     experts  None: dense routed experts. "mxfp4": routed experts as MXFP4 codes + E8M0
              scales, encoded from the fp32 weights of the seed (`kernels/mxfp4`).
     So `build("k3-small", dtype=torch.bfloat16, experts="mxfp4")` is k3-small as K3 is released.

@@ -1,10 +1,12 @@
-"""Storage precision of a model: the release's dtype policy, MXFP4 experts, bytes held.
+"""Storage precision of a model: the releases' dtype policies, MXFP4 experts, bytes held.
 
 The K3 release (K3-SPEC.md section 8.1) stores BF16 weights except a few tensors kept in F32
 (the KDA `A_log`, `dt_bias`, the three short convs, `o_norm`, and the router's
-`e_score_correction_bias`), and its routed experts as MXFP4. `to_release_dtypes` gives a
-model that policy for any floating dtype; `quantize_experts` turns dense routed experts into
-MXFP4 ones (`kernels/mxfp4.encode`), `dequantize_experts` back.
+`e_score_correction_bias`), and its routed experts as MXFP4; the Kimi Linear release (8.2)
+is BF16 with F32 `A_log` and `dt_bias`. `to_release_dtypes` gives a model its family's
+policy in any floating dtype; `release_precision` says how each family was released;
+`quantize_experts` turns dense routed experts into MXFP4 ones (`kernels/mxfp4.encode`),
+`dequantize_experts` back.
 """
 
 from __future__ import annotations
@@ -16,11 +18,32 @@ import torch
 import torch.nn as nn
 
 from ..kernels.mxfp4 import decode, encode
+from .configs import KimiConfig, kimi_model_type
 from .moe_layer import Experts, MoE, MXFP4Experts
 
-# Tensors the release keeps in F32 whatever the model's dtype (state-dict names).
-RELEASE_F32 = re.compile(
+# Tensors a release keeps in F32 whatever the model's dtype (state-dict names), per family.
+K3_F32 = re.compile(
     r"\.self_attn\.(A_log|dt_bias|[qkv]_conv1d\.weight|o_norm\.weight)$|\.gate\.e_score_correction_bias$")
+KIMI_LINEAR_F32 = re.compile(r"\.self_attn\.(A_log|dt_bias)$")
+
+
+def f32_tensors(cfg: object) -> re.Pattern | None:
+    """The names the release of `cfg`'s family keeps in F32 (None: no such tensors)."""
+    if not isinstance(cfg, KimiConfig):
+        return None
+    return K3_F32 if kimi_model_type(cfg) == "kimi_k3" else KIMI_LINEAR_F32
+
+
+def release_precision(cfg: object) -> dict:
+    """How the family of `cfg` is released: `build` arguments (`dtype`, `experts`).
+
+    K3: BF16 (+ its F32 tensors) with MXFP4 routed experts; Kimi Linear: BF16 (+ F32 A_log,
+    dt_bias); GPT-2: F32 (its release); the linear-attention ancestors have no release: F32.
+    """
+    if isinstance(cfg, KimiConfig):
+        k3 = kimi_model_type(cfg) == "kimi_k3"
+        return {"dtype": torch.bfloat16, "experts": "mxfp4" if k3 else None}
+    return {"dtype": torch.float32, "experts": None}
 
 
 def as_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
@@ -33,19 +56,16 @@ def as_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
     return value
 
 
-def release_dtype(name: str, dtype: torch.dtype) -> torch.dtype:
-    """The dtype the release stores floating tensor `name` in, for a model of `dtype`."""
-    return torch.float32 if RELEASE_F32.search(name) else dtype
-
-
 @torch.no_grad()
 def to_release_dtypes(model: nn.Module, dtype: torch.dtype) -> nn.Module:
-    """Cast the floating parameters and buffers to `dtype`, except the release's F32 ones."""
+    """Cast the floating parameters and buffers to `dtype`, except those the release of the
+    model's family keeps in F32 (`f32_tensors`)."""
     if not dtype.is_floating_point:
         raise ValueError(f"a model's dtype must be a floating dtype, got {dtype}")
+    keep = f32_tensors(model.config)
     for name, t in [*model.named_parameters(), *model.named_buffers()]:
         if t.is_floating_point():
-            t.data = t.data.to(release_dtype(name, dtype))
+            t.data = t.data.to(torch.float32 if keep is not None and keep.search(name) else dtype)
     return model
 
 
@@ -108,5 +128,5 @@ def bytes_by_dtype(tensors: dict[str, torch.Tensor]) -> dict[str, int]:
     return dict(count.most_common())
 
 
-__all__ = ["RELEASE_F32", "as_dtype", "release_dtype", "to_release_dtypes", "quantize_experts",
-           "dequantize_experts", "unique_tensors", "bytes_by_dtype", "moe_blocks"]
+__all__ = ["K3_F32", "KIMI_LINEAR_F32", "f32_tensors", "release_precision", "as_dtype", "to_release_dtypes",
+           "quantize_experts", "dequantize_experts", "unique_tensors", "bytes_by_dtype", "moe_blocks"]

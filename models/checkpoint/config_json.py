@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, fields
 
-from ..configs import GPT2Config, KimiConfig, LinearConfig
+from ..configs import GPT2Config, KimiConfig, LinearConfig, kimi_model_type
 from .errors import CheckpointError
 
 REQUIRED = object()  # marks a config.json key without a default
@@ -89,11 +89,6 @@ def _get(d: dict, key: str, default: object, where: str = "config.json") -> obje
     if default is REQUIRED:
         raise CheckpointError(f"{where}: missing required field {key!r}")
     return default
-
-
-def kimi_model_type(cfg: KimiConfig) -> str:
-    k3 = cfg.attn_res_block_size or cfg.activation == "situ" or cfg.routed_expert_hidden_size
-    return "kimi_k3" if k3 else "kimi_linear"
 
 
 def kimi_config_to_json(cfg: KimiConfig) -> dict:

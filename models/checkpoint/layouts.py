@@ -18,8 +18,10 @@ GPT-2 and the linear-attention ancestors use the `k3c` layout: the state dict as
 
 from __future__ import annotations
 
+import gc
 import re
-from dataclasses import dataclass, field
+from contextlib import contextmanager
+from typing import NamedTuple
 
 import torch
 
@@ -31,8 +33,9 @@ TEXT_PREFIX = "language_model."
 SKIPPED_PARTS = ("vision_tower.", "mm_projector.")
 
 
-@dataclass(frozen=True)
-class Piece:
+# Named tuples, not dataclasses: K3 has about 500,000 checkpoint tensors (896 experts x 3
+# projections x 2 parts x 92 layers) and a plan makes one Entry each.
+class Piece(NamedTuple):
     """`ckpt[ckpt_index]` (reshaped) is `model[model_key][model_index]`."""
 
     model_key: str
@@ -40,15 +43,14 @@ class Piece:
     ckpt_index: tuple = ()
 
 
-@dataclass(frozen=True)
-class Entry:
+class Entry(NamedTuple):
     """One checkpoint tensor: its name, its shape on disk and the module regions it fills."""
 
     key: str
     shape: tuple[int, ...]
     pieces: tuple[Piece, ...]
     packed: bool = False  # MXFP4 codes or scales: uint8 on disk and in the module
-    zero_tail: tuple | None = field(default=None)  # a region that must hold zeros (A_log padding)
+    zero_tail: tuple | None = None  # a region that must hold zeros (A_log padding)
 
 
 def tied_aliases(model: torch.nn.Module) -> dict[str, str]:
@@ -129,6 +131,18 @@ def _packed_conv(prefix: str, sd: dict[str, torch.Tensor], key: str) -> Entry:
     return Entry(key, (start, one, W), tuple(pieces))
 
 
+@contextmanager
+def _no_gc():
+    """Half a million small tuples trigger the cyclic collector over and over (3x the time)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 def plan(model: torch.nn.Module, layout: str, *, prefix: str = "",
          a_log_shapes: dict[str, tuple[int, ...]] | None = None, k3_release: bool = False) -> list[Entry]:
     """The entries between `model`'s state dict (meta tensors will do) and a checkpoint.
@@ -142,6 +156,12 @@ def plan(model: torch.nn.Module, layout: str, *, prefix: str = "",
     kimi = isinstance(model.config, KimiConfig)
     if layout not in ("official", "hf", "k3c") or (layout != "k3c" and not kimi):
         raise ValueError(f"no {layout!r} layout for {type(model).__name__}")
+    with _no_gc():
+        return _plan(model, sd, tied, layout, prefix, a_log_shapes or {}, k3_release)
+
+
+def _plan(model: torch.nn.Module, sd: dict[str, torch.Tensor], tied: dict[str, str], layout: str, prefix: str,
+          a_log_shapes: dict[str, tuple[int, ...]], k3_release: bool) -> list[Entry]:
     entries: list[Entry] = []
     for name, t in sd.items():
         if name in tied or (layout == "hf" and re.search(r"\.self_attn\.[kv]_conv1d\.weight$", name)):
@@ -157,7 +177,7 @@ def plan(model: torch.nn.Module, layout: str, *, prefix: str = "",
             entries.append(_packed_conv(p, sd, prefix + _hf_name(p + "conv1d.weight")))
         elif name.endswith(".self_attn.A_log"):
             key = prefix + (_hf_name(name) if layout == "hf" else name)
-            shape = (a_log_shapes or {}).get(key) or default_a_log_shape(model.config, layout, k3_release)
+            shape = a_log_shapes.get(key) or default_a_log_shape(model.config, layout, k3_release)
             entries.append(_a_log(name, key, t.shape[0], tuple(shape)))
         else:
             entries.append(Entry(prefix + (_hf_name(name) if layout == "hf" else name), tuple(t.shape),

@@ -22,10 +22,10 @@ import torch
 from safetensors.torch import save_file
 
 from ..common import CausalLM
-from ..configs import KimiConfig
+from ..configs import KimiConfig, kimi_model_type
 from ..moe_layer import MXFP4Experts
 from ..precision import bytes_by_dtype, unique_tensors
-from .config_json import config_to_json, kimi_model_type, merge_config, release_config_json, text_config
+from .config_json import config_to_json, merge_config, release_config_json, text_config
 from .layouts import TEXT_PREFIX, Entry, plan
 from .mxfp4 import quantization_config
 from .shards import CONFIG_NAME, INDEX_NAME, SHARD_RE, WEIGHTS_NAME

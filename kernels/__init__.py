@@ -4,7 +4,7 @@ The public entry points follow fla's `[B, T, H, K]` layout and return `(o, final
 Importing this package registers the `torch.ops.k3c.*` custom ops that models call.
 """
 
-from . import ops  # noqa: F401  (registers torch.ops.k3c.*)
+from . import mxfp4, ops  # noqa: F401  (ops registers torch.ops.k3c.*)
 from .attention.naive import causal_attention
 from .attn_res.naive import attn_res_mix
 from .delta_rule import delta_rule
@@ -13,6 +13,7 @@ from .gated_rmsnorm.naive import gated_rmsnorm
 from .kda import kda, kda_gate_sigmoid, kda_gate_softplus, l2norm
 from .linear_attention import linear_attention
 from .mla.naive import mla_attention, mla_attention_absorbed
+from .moe.mxfp4 import moe_down_mxfp4, moe_gate_up_mxfp4
 from .moe.naive import moe_down, moe_gate_up, route
 from .short_conv.naive import naive_short_conv as short_conv
 from .situ.naive import silu_glu, situ, situ_packed
@@ -21,5 +22,5 @@ __all__ = [
     "kda", "gated_delta_rule", "delta_rule", "linear_attention", "short_conv",
     "kda_gate_softplus", "kda_gate_sigmoid", "l2norm", "situ", "situ_packed", "silu_glu",
     "gated_rmsnorm", "attn_res_mix", "causal_attention", "mla_attention",
-    "mla_attention_absorbed", "route", "moe_gate_up", "moe_down",
+    "mla_attention_absorbed", "route", "moe_gate_up", "moe_down", "moe_gate_up_mxfp4", "moe_down_mxfp4", "mxfp4",
 ]

@@ -122,3 +122,13 @@ def test_k3_small_builds_in_the_release_precision(tmp_path):
     packed = sum(t.numel() for k, t in sa.items() if k.endswith(("_packed", "_scale")))
     weights = sum(m.num_weights() for m in back.modules() if isinstance(m, MXFP4Experts))
     assert packed / weights == pytest.approx(0.53125)  # 4 bits + 8 bits per 32: ~0.53 bytes a weight
+
+
+def test_capturing_mxfp4_experts_names_the_ops_it_cannot_take_yet():
+    """The frontend has no MXFP4 weight kind yet: capture says which ops and where, in one error."""
+    import k3c
+    from k3c.frontend.translate import UnsupportedOpError
+
+    model = build("k3-tiny", experts="mxfp4", num_layers=2, mla_layers=(2,))
+    with pytest.raises(UnsupportedOpError, match=r"k3c\.moe_gate_up_mxfp4\.default\s+at models/moe_layer\.py"):
+        k3c.capture(model, (torch.randint(0, 1024, (2, 16)),))

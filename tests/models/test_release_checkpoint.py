@@ -132,3 +132,20 @@ def test_capturing_mxfp4_experts_names_the_ops_it_cannot_take_yet():
     model = build("k3-tiny", experts="mxfp4", num_layers=2, mla_layers=(2,))
     with pytest.raises(UnsupportedOpError, match=r"k3c\.moe_gate_up_mxfp4\.default\s+at models/moe_layer\.py"):
         k3c.capture(model, (torch.randint(0, 1024, (2, 16)),))
+
+
+def test_build_precision_arguments():
+    default = build("k3-tiny")
+    assert {t.dtype for t in default.state_dict().values()} == {torch.float32}
+    assert not any(isinstance(m, MXFP4Experts) for m in default.modules())
+    kl = build("kimi-linear-tiny", dtype="bfloat16")  # Kimi Linear's release keeps A_log and dt_bias in F32
+    f32 = sorted(k for k, t in kl.state_dict().items() if t.dtype == torch.float32)
+    assert f32 and all(k.endswith(("A_log", "dt_bias")) for k in f32)
+    with pytest.raises(ValueError, match="experts must be None"):
+        build("k3-tiny", experts="int4")
+    with pytest.raises(ValueError, match="no routed experts"):
+        build("gpt2-tiny", experts="mxfp4")
+    with pytest.raises(ValueError, match="floating dtype"):
+        build("k3-tiny", dtype=torch.int8)
+    with pytest.raises(ValueError, match="multiples of 32"):
+        build("k3-tiny", experts="mxfp4", moe_intermediate_size=48)

@@ -61,12 +61,12 @@ def test_release_matches_fp32_eager_on_the_dequantized_weights(release):
     reference.load_state_dict(dense, strict=True)
     model = from_pretrained(path, dtype=torch.float32)
     assert isinstance(model.model.layers[2].block_sparse_moe.experts, MXFP4Experts)  # still packed
-    ids = torch.randint(0, 1024, (2, 70), generator=torch.Generator().manual_seed(1))
+    ids = torch.randint(0, 1024, (2, 67), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
-        assert_close(model(ids), reference(ids), torch.float32, what="release prefill logits")
-        logits, state = model.prefill(ids[:, :65])
+        logits, state = model.prefill(ids[:, :65])  # two chunks of the chunked KDA prefill
         want, ref_state = reference.prefill(ids[:, :65])
-        for t in range(65, 68):
+        assert_close(logits, want, torch.float32, what="release prefill logits")
+        for t in range(65, 67):
             logits, state = model.decode(ids[:, t : t + 1], state)
             want, ref_state = reference.decode(ids[:, t : t + 1], ref_state)
             assert_close(logits, want, torch.float32, what=f"release decode step {t}")
@@ -110,9 +110,9 @@ def test_k3_small_builds_in_the_release_precision(tmp_path):
     model = build("k3-small", dtype=torch.bfloat16, experts="mxfp4", num_layers=3, mla_layers=(3,))
     dtypes = {str(t.dtype) for t in model.state_dict().values()}
     assert dtypes == {"torch.bfloat16", "torch.float32", "torch.uint8"}
-    save_pretrained(model, tmp_path, max_shard_bytes=1 << 20)
+    save_pretrained(model, tmp_path, max_shard_bytes=16 << 20)
     shards = sorted(p.name for p in tmp_path.glob("model-*.safetensors"))
-    assert shards[0] == f"model-00001-of-{len(shards):06d}.safetensors"
+    assert len(shards) > 2 and shards[0] == f"model-00001-of-{len(shards):06d}.safetensors"
     cfg = json.loads((tmp_path / "config.json").read_text())
     assert cfg["dtype"] == "bfloat16"
     assert cfg["text_config"]["quantization_config"]["format"] == "mxfp4-pack-quantized"

@@ -17,8 +17,21 @@ class UserError(Exception):
 def _cmd_stats(args: argparse.Namespace) -> int:
     from .models.stats import format_stats, model_stats
 
-    print(format_stats(model_stats(args.model, seq_len=args.seq_len)))
+    stats = model_stats(args.model, seq_len=args.seq_len)
+    print(format_stats(stats))
+    if args.json:
+        _write_json(args.json, stats)
     return 0
+
+
+def _write_json(path: str, data: dict) -> None:
+    import json
+
+    try:
+        with open(path, "w") as f:
+            json.dump(data, f, indent=2)
+    except OSError as err:
+        raise UserError(f"--json {path}: cannot write ({err.strerror})") from None
 
 
 def _cmd_ops(args: argparse.Namespace) -> int:
@@ -165,6 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("stats", help="params, FLOPs per token and state bytes of a model")
     s.add_argument("--model", required=True)
     s.add_argument("--seq-len", type=int, default=4096, help="context length for FLOPs per token")
+    s.add_argument("--json", help="also write the figures here (bytes as released under 'bytes')")
     s.set_defaults(func=_cmd_stats)
 
     s = sub.add_parser("ops", help="the backend x op support matrix, read from the lowering tables")

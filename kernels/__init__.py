@@ -10,7 +10,7 @@ if __name__ != "k3c.kernels":  # this folder imported under its bare name, e.g. 
                       f"looks for a package named 'kernels'), imports 'kernels': run it from another directory")
 
 
-from . import ops  # noqa: F401  (ops.kda(...): the torch ops by name)
+from . import mxfp4, ops  # noqa: F401  (ops.kda(...): the torch ops by name)
 from .attention.naive import causal_attention
 from .attn_res.naive import attn_res_mix
 from .delta_rule import delta_rule
@@ -19,6 +19,7 @@ from .gated_rmsnorm.naive import gated_rmsnorm
 from .kda import kda, kda_gate_sigmoid, kda_gate_softplus, l2norm
 from .linear_attention import linear_attention
 from .mla.naive import mla_attention, mla_attention_absorbed
+from .moe.mxfp4 import moe_down_mxfp4, moe_gate_up_mxfp4
 from .moe.naive import moe_down, moe_gate_up, route
 from .short_conv.naive import naive_short_conv as short_conv
 from .situ.naive import silu_glu, situ, situ_packed
@@ -27,5 +28,5 @@ __all__ = [
     "kda", "gated_delta_rule", "delta_rule", "linear_attention", "short_conv",
     "kda_gate_softplus", "kda_gate_sigmoid", "l2norm", "situ", "situ_packed", "silu_glu",
     "gated_rmsnorm", "attn_res_mix", "causal_attention", "mla_attention",
-    "mla_attention_absorbed", "route", "moe_gate_up", "moe_down",
+    "mla_attention_absorbed", "route", "moe_gate_up", "moe_down", "moe_gate_up_mxfp4", "moe_down_mxfp4", "mxfp4",
 ]

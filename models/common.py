@@ -92,6 +92,12 @@ def add_prefix(state: State, prefix: str) -> State:
     return {prefix + k: v for k, v in state.items()}
 
 
+def _draw_order(name: str) -> str:
+    # K3's final AttnRes mix was once named `model.attn_res_*`; it keeps that place in the
+    # draw order, so that a seed gives the same weights as before the release name.
+    return name.replace("model.output_attn_res_", "model.attn_res_", 1)
+
+
 @torch.no_grad()
 def init_weights(model: nn.Module, seed: int = 0) -> nn.Module:
     """Deterministic weights from `seed`, independent of the global RNG.
@@ -102,8 +108,8 @@ def init_weights(model: nn.Module, seed: int = 0) -> nn.Module:
     name, so the weights of a model do not depend on the order modules were built in.
     """
     gen = torch.Generator().manual_seed(seed)
-    for name, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
-        if p.is_meta:
+    for name, p in sorted(model.named_parameters(), key=lambda kv: _draw_order(kv[0])):
+        if p.is_meta or not p.is_floating_point():  # MXFP4 codes are encoded, not drawn
             continue
         leaf = name.rsplit(".", 1)[-1]
         shape = p.shape

@@ -107,7 +107,7 @@ def test_random_attribute_values(which, value, add_unknown):
 @given(st.sampled_from(["B", "T", "T - 1", "8", "6", "3"]), VALUES)
 def test_random_shape_expressions(old, new):
     """A dim of a declared type replaced by anything: still only k3c's errors, and fast."""
-    _run(BASE.replace(f"f32[B, T, 6] = rms_norm", f"f32[{new}, T, 6] = rms_norm", 1).replace(
+    _run(BASE.replace("f32[B, T, 6] = rms_norm", f"f32[{new}, T, 6] = rms_norm", 1).replace(
         f"[B, {old}, 3] = slice", f"[B, {new}, 3] = slice", 1))
 
 

@@ -14,8 +14,10 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import sympy
+import torch
 
 from ...ir import Graph, Node
+from ...kernels.mxfp4.naive import GROUP_SIZE, e2m1_table, e8m0_to_float
 from ..tables import builtin
 from .builder import NUMPY_TYPES, ONNX_TYPES
 
@@ -237,3 +239,23 @@ def _topk(lx, node):
 def _gather(lx, node):
     (x, idx), (y,) = _io(lx, node)
     lx.b.GatherElements(x, idx, outputs=[y], axis=node.attrs["dim"])
+
+
+@lowers("mxfp4_decode")
+def _mxfp4_decode(lx, node):
+    """MXFP4 in standard ops: the two codes of a byte by BitwiseAnd / BitShift (low nibble
+    first), their values from the 16-entry E2M1 table, each group's scale from the 256-entry
+    E8M0 table (exact powers of two, 255 NaN), both by Gather. onnxruntime's DequantizeLinear
+    has no float4e2m1 kernel on the CPU, and these ops compute the same values exactly."""
+    (packed, scale), (y,) = _io(lx, node)
+    b, dt = lx.b, lx.attrs(node)["dtype"]
+    lo = b.BitwiseAnd(packed, b.const(0x0F, "u8"))
+    hi = b.op("BitShift", [packed, b.const(4, "u8")], 1, direction="RIGHT")
+    codes = b.Concat(b.unsqueeze(lo, -1), b.unsqueeze(hi, -1), axis=-1)  # [..., K/2, 2]
+    values = b.Gather(b.const(e2m1_table().numpy(), "f32"), b.Cast(codes, to=ONNX_TYPES["i64"]), axis=0)
+    scales = b.Gather(b.const(e8m0_to_float(torch.arange(256, dtype=torch.uint8)).numpy(), "f32"),
+                      b.Cast(scale, to=ONNX_TYPES["i64"]), axis=0)  # [..., K/32]
+    lead = b.Shape(packed, end=-1)
+    groups = b.Reshape(values, b.Concat(lead, b.ints([-1, GROUP_SIZE]), axis=0))  # [..., K/32, 32]
+    w = b.Reshape(b.Mul(groups, b.unsqueeze(scales, -1)), b.Concat(lead, b.ints([-1]), axis=0))
+    b.Cast(w, outputs=[y], to=ONNX_TYPES[dt]) if dt != "f32" else b.Identity(w, outputs=[y])

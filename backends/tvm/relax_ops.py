@@ -9,11 +9,14 @@ build lifts out into the one-time parameter transform, as it does the transposes
 
 from __future__ import annotations
 
+import numpy as np
 import sympy
+import torch
 from tvm import relax
 
 from ...ir import dims as D
 from ...kernels.common.tvm.gemm import PANEL, packed_linear, packed_rows
+from ...kernels.mxfp4.naive import GROUP_SIZE, e2m1_table, e8m0_to_float
 from ..tables import builtin
 from .context import DTYPES, LowerContext
 
@@ -227,3 +230,23 @@ _RULES = {
 
 for _op, _fn in _RULES.items():
     builtin("tvm", _op, kind="relax")(_fn)
+
+
+def _mxfp4_decode(ctx, node, packed, scale):
+    """The codes of a byte by bitwise ops (low nibble first), values and scales by table lookup
+    (the 16 E2M1 values, the 256 E8M0 powers of two): exact, as kernels/mxfp4 defines them."""
+    shape = ctx.shape(node.inputs[0])
+    lead, half = shape[:-1], shape[-1]
+    lo = R.astype(R.bitwise_and(packed, relax.const(15, "uint8")), "int32")
+    hi = R.astype(R.right_shift(packed, relax.const(4, "uint8")), "int32")
+    codes = R.reshape(R.stack([lo, hi], axis=len(shape)), relax.ShapeExpr([*lead, half * 2]))
+    values = R.take(relax.const(e2m1_table().numpy(), "float32"), codes, axis=0, mode="clip")  # codes < 16
+    table = relax.const(e8m0_to_float(torch.arange(256, dtype=torch.uint8)).numpy().astype(np.float32), "float32")
+    scales = R.take(table, R.astype(scale, "int32"), axis=0, mode="clip")  # [..., K/32]; bytes < 256
+    groups = R.reshape(values, relax.ShapeExpr([*lead, half * 2 // GROUP_SIZE, GROUP_SIZE]))
+    w = R.reshape(R.multiply(groups, R.expand_dims(scales, [len(shape)])), relax.ShapeExpr([*lead, half * 2]))
+    dt = DTYPES[ctx.attrs(node)["dtype"]]
+    return w if dt == "float32" else R.astype(w, dt)
+
+
+builtin("tvm", "mxfp4_decode", kind="relax")(_mxfp4_decode)

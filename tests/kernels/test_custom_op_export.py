@@ -106,13 +106,17 @@ def test_exports_as_one_node_with_dynamic_batch_and_time(name):
         assert_close(got, want, what=name)
 
 
+# The MXFP4 expert ops have their export case beside their other tests (test_mxfp4_moe.py).
+ELSEWHERE = {"moe_gate_up_mxfp4", "moe_down_mxfp4"}
+
+
 def test_every_custom_op_has_an_export_case():
     from k3c.ir.ops import torch_ops
 
-    assert set(torch_ops()) == set(CASES)
+    assert set(torch_ops()) == set(CASES) | ELSEWHERE
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("name", sorted(set(CASES) | ELSEWHERE))
 def test_torch_schema_is_the_spec_signature(name):
     """The torch op is made from the spec: same argument names in the same order, one
     result per declared output (nothing restates the signature by hand)."""

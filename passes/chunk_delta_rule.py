@@ -21,7 +21,7 @@ Options: chunk_size (default DEFAULT_CHUNK_SIZE, 64), keep (ops to leave whole, 
 
 from __future__ import annotations
 
-from ..ir import Graph
+from ..ir import OPS, Graph
 from ..kernels.delta_chunk import DEFAULT_CHUNK_SIZE
 from .builder import Builder
 from .driver import Rule, apply_rules
@@ -39,10 +39,8 @@ def _base(m: Match) -> str:
 def _delta(chunk_size: int):
     def rewrite(m: Match, b: Builder) -> list[str]:
         node, base = m.root, _base(m)
-        if node.op == "delta_rule":
-            (q, k, v, beta, state), g = node.inputs, None
-        else:
-            q, k, v, g, beta, state = node.inputs
+        x = dict(zip(OPS[node.op].tensor_inputs, node.inputs))  # q k v [g] beta state, by name
+        q, k, v, g, beta, state = x["q"], x["k"], x["v"], x.get("g"), x["beta"], x["state"]
         prep_in = [q, k, v, beta] + ([g] if g is not None else [])
         qd, kd, w, u, aqk, decay = b.op("chunk_prepare", prep_in, name=base, chunk_size=chunk_size,
                                         gate=GATES[node.op])

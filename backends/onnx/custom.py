@@ -3,8 +3,9 @@ node of the custom domain `k3c` whose body (functions/) ships inside the model (
 of the support matrix, in the `onnx` table of k3c.backends.tables).
 
     IR op                  k3c-domain op (attributes)
-    kda                    kda (scale): the recurrence (the chunk-delta-rule pass decides
-                           whether a prefill runs chunked, as chunk_prepare/scan/output)
+    kda, attention, ...    the function of the op's own name (functions/: `op_function`)
+                           kda is the recurrence: the chunk-delta-rule pass decides whether
+                           a prefill runs chunked, as chunk_prepare/scan/output
     short_conv             short_conv | short_conv_silu
     situ / gated_mlp       situ | situ_identity_up, gated_mlp_{situ,silu}[...]
     chunk_prepare          chunk_prepare_{channel,head,none,linear} (chunk_size)
@@ -40,9 +41,16 @@ def _call(lx, node: Node, name: str, extra_inputs: list[str] | None = None, **at
     lx.call(name, ins, [lx.out(node, i) for i in range(len(node.outputs))], **attrs)
 
 
-@lowers("kda", "gated_delta_rule", "delta_rule", "linear_attention")
-def _recurrent(lx, node):
-    _call(lx, node, node.op, scale=float(lx.attrs(node)["scale"]))
+def call_lowering(op: str, kinds: dict[str, str]) -> None:
+    """The lowering of an op whose body is the function of its own name (functions.op_function):
+    one k3c-domain node with the attributes `kinds` names."""
+    cast = {"float": float, "int": int}
+
+    def lower(lx, node):
+        a = lx.attrs(node)
+        _call(lx, node, op, **{k: cast[kind](a[k]) for k, kind in kinds.items()})
+
+    builtin("onnx", op, kind="fn", supports=_f32_body)(lower)
 
 
 @lowers("short_conv")
@@ -74,30 +82,10 @@ def _gated(lx, node):
     _call(lx, node, name, **attrs)
 
 
-@lowers("moe_gate_up", "moe_down")
-def _moe_pieces(lx, node):
-    _call(lx, node, node.op)
-
-
-@lowers("causal_attention", "mla_attention", "mla_attention_absorbed")
-def _attention(lx, node):
-    _call(lx, node, node.op, scale=float(lx.attrs(node)["scale"]))
-
-
-@lowers("attn_res_mix")
-def _attn_res(lx, node):
-    _call(lx, node, "attn_res_mix", eps=float(lx.attrs(node)["eps"]))
-
-
 @lowers("chunk_prepare")
 def _chunk_prepare(lx, node):
     a = lx.attrs(node)
     _call(lx, node, f"chunk_prepare_{a['gate']}", chunk_size=int(a["chunk_size"]))
-
-
-@lowers("chunk_state_scan")
-def _chunk_state_scan(lx, node):
-    _call(lx, node, "chunk_state_scan")
 
 
 @lowers("chunk_output")

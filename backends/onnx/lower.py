@@ -72,6 +72,10 @@ class Lowering:
         """The node's attributes with the op's defaults filled in."""
         return OPS[node.op].full_attrs(node.attrs)
 
+    def named(self, node: Node) -> dict[str, str]:
+        """The ONNX names of the node's inputs by the names of its op's spec."""
+        return dict(zip(OPS[node.op].tensor_inputs, (self.x(i) for i in node.inputs)))
+
     def x(self, value: str) -> str:
         """The ONNX name of IR value `value` (a weight becomes an initializer on first use)."""
         if value in self.graph.weights:

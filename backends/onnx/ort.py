@@ -69,11 +69,12 @@ def _la_emit(lx, node):
     ins, outs = _io(lx, node)
     _, _, H, K = lx.type(node.inputs[0]).shape
     V = lx.type(node.inputs[2]).shape[3]
-    q, k, v = ins[:3]
+    x = lx.named(node)  # by the spec's input names: q k v [g] beta state, or q k v state z
+    q, k, v = x["q"], x["k"], x["v"]
     if node.op == "linear_attention":
-        _linear_attention_z(lx, q, k, v, ins[3], ins[4], H, K, V, float(lx.attrs(node)["scale"]), outs)
+        _linear_attention_z(lx, q, k, v, x["state"], x["z"], H, K, V, float(lx.attrs(node)["scale"]), outs)
         return
-    decay, beta, state = (ins[3], ins[4], ins[5]) if node.op in ("kda", "gated_delta_rule") else (None, *ins[3:5])
+    decay, beta, state = x.get("g"), x["beta"], x["state"]
     linear_attention(lx, q, k, v, decay, beta, state, H, K, V, _RULES[node.op], float(lx.attrs(node)["scale"]),
                      outs[0], outs[1], per_channel=node.op == "kda")
 

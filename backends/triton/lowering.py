@@ -161,8 +161,9 @@ _RULES: dict[str, Callable] = {
     "attn_res_mix": _call("attn_res_mix", "k3c.kernels.attn_res.triton", attrs=("eps",)),
     "situ": _call("situ", "k3c.kernels.situ.triton", attrs=("beta", "linear_beta")),
     "gated_mlp": _gated_mlp,
-    "mxfp4_decode": lambda cg, n: (f"{cg.lhs(n)} = {cg.use('k3c.kernels.mxfp4', 'decode', 'mxfp4_decode')}({cg.val(n.inputs[0])}, "
-                                   f"{cg.val(n.inputs[1])}, {cg.torch_dtype(cg.attrs(n)['dtype'])})"),
+    "mxfp4_decode": lambda cg, n: (f"{cg.lhs(n)} = {cg.use('k3c.kernels.mxfp4', 'decode', 'mxfp4_decode')}("
+                                   f"{cg.val(n.inputs[0])}, {cg.val(n.inputs[1])}, "
+                                   f"{cg.torch_dtype(cg.attrs(n)['dtype'])})"),
     "moe_gate_up": _call("moe_gate_up", "k3c.kernels.moe.triton"),
     "moe_down": _call("moe_down", "k3c.kernels.moe.triton"),
     "moe_experts": _call("moe_experts", "k3c.kernels.moe.triton", attrs=("act", "beta", "linear_beta")),

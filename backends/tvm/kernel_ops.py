@@ -50,20 +50,21 @@ def _rows(ctx: LowerContext, value: str, keep: int = 1):
 # ---------------------------------------------------------------- recurrent delta rule
 
 def _delta_rule(gate: str):
-    def rule(ctx: LowerContext, node, q, k, v, *rest):
+    def rule(ctx: LowerContext, node, *inputs):
+        x = ctx.named(node, inputs)  # by the spec's input names: q k v [g] beta state
         scale = ctx.attrs(node)["scale"]
         H, K = _static(ctx, node.inputs[0], 2, 3)
         (V,) = _static(ctx, node.inputs[2], 3)
         B, T = ctx.shape(node.inputs[0])[:2]
         if gate == "none":
-            beta, state = rest
-            decay = R.reshape(beta, relax.ShapeExpr([B, T, H, 1]))  # unread placeholder
+            decay = R.reshape(x["beta"], relax.ShapeExpr([B, T, H, 1]))  # unread placeholder
         else:
-            g, beta, state = rest
+            g = x["g"]
             decay = R.exp(g if gate == "channel" else R.reshape(g, relax.ShapeExpr([B, T, H, 1])))
         gv = ctx.kernel(("delta_recurrent", gate, H, K, V, scale),
                         lambda: recurrent.delta_recurrent(H, K, V, gate, scale, ctx.target), recurrent.SCHEDULES)
-        return ctx.call_tir(gv, [q, k, v, ctx.bb.emit(decay), beta, state], ctx.out_types(node))
+        return ctx.call_tir(gv, [x["q"], x["k"], x["v"], ctx.bb.emit(decay), x["beta"], x["state"]],
+                            ctx.out_types(node))
 
     return rule
 

@@ -13,7 +13,7 @@ linear attention: S += k_t v_t^T, z += k_t, o_t = (q_t^T S) / (q_t^T z).
 from __future__ import annotations
 
 from ..builder import Builder, subgraph
-from . import function
+from . import op_function
 
 
 def _delta_step(gate: str, scale: str):
@@ -53,25 +53,25 @@ def time_major(b: Builder, x: str, rank: int) -> str:
     return b.Transpose(x, perm=[1, 0] + list(range(2, rank)))
 
 
-@function("kda", "q k v g beta state", "o state_out", {"scale": "float"})
+@op_function("kda")
 def kda(b, q, k, v, g, beta, state, scale):
     """KDA by its recurrence (Scan over T): per-channel decay g [B, T, H, K]."""
     return delta_scan(b, q, k, v, g, beta, state, scale, "channel")
 
 
-@function("gated_delta_rule", "q k v g beta state", "o state_out", {"scale": "float"})
+@op_function("gated_delta_rule")
 def gated_delta_rule(b, q, k, v, g, beta, state, scale):
     """The gated delta rule by its recurrence (Scan over T): one decay per head g [B, T, H]."""
     return delta_scan(b, q, k, v, g, beta, state, scale, "head")
 
 
-@function("delta_rule", "q k v beta state", "o state_out", {"scale": "float"})
+@op_function("delta_rule")
 def delta_rule(b, q, k, v, beta, state, scale):
     """The delta rule by its recurrence (Scan over T): no decay."""
     return delta_scan(b, q, k, v, None, beta, state, scale, "none")
 
 
-@function("linear_attention", "q k v state z", "o state_out z_out", {"scale": "float"})
+@op_function("linear_attention")
 def linear_attention(b, q, k, v, state, z, scale):
     """Normalised linear attention by its recurrence (Scan over T)."""
     s = Builder("linear_step")

@@ -14,7 +14,7 @@ from .kda import kda, kda_gate_sigmoid, kda_gate_softplus, l2norm
 from .linear_attention import linear_attention
 from .mla.naive import mla_attention, mla_attention_absorbed
 from .moe.naive import moe_down, moe_gate_up, route
-from .short_conv.naive import naive_short_conv as short_conv
+from .short_conv import short_conv
 from .situ.naive import silu_glu, situ, situ_packed
 
 __all__ = [

@@ -70,10 +70,21 @@ def _growing_dims(model, input_ids: torch.Tensor) -> dict[str, set[int]]:
     return {k: {i for i, (x, y) in enumerate(zip(a[k].shape, b[k].shape)) if x != y} for k in a}
 
 
+def _length_bounds(model) -> tuple[int | None, int | None]:
+    """The most tokens a prefill (T) and a decode cache (P) may hold, or None: unbounded.
+    A position table (GPT-2's n_positions) bounds both; a graph records the bound in its dims,
+    and every runner enforces it."""
+    limit = getattr(getattr(model, "config", None), "n_positions", None)
+    return (None, None) if limit is None else (int(limit), int(limit) - 1)
+
+
 def _dynamic_spec(model, entry: str, args: tuple, dynamic: bool):
     if not dynamic:
         return None
-    B, T, P = Dim("B"), Dim("T"), Dim("P")
+    max_t, max_p = _length_bounds(model)
+    B = Dim("B")
+    T = Dim("T") if max_t is None else Dim("T", max=max_t)
+    P = Dim("P") if max_p is None else Dim("P", max=max_p)
     if entry in ("prefill", "forward") and hasattr(model, "prefill"):
         return ({0: B, 1: T},)
     if entry == "decode":

@@ -18,6 +18,7 @@ import dataclasses
 from pathlib import Path
 
 from ...ir import Graph, Node
+from ..artifact import seal
 from .artifact import build_manifest, read_manifest, write_artifact
 from .builder import LoweringError
 from .custom import CUSTOM, DEFAULT_CHUNK_SIZE
@@ -84,7 +85,9 @@ class OnnxBackend:
             models[entry], reports[entry] = lower_graph(g, flavour, chunk, {**meta, "k3c.entry": entry})
         manifest = build_manifest(graphs, flavour, reports, model=model, config=config, pipeline=pipeline,
                                   chunk_size=chunk)
-        return write_artifact(Path(out_dir), models, manifest)
+        out = write_artifact(Path(out_dir), models, manifest)
+        seal(out, backend=self.name, model=model, variant=flavour)
+        return out
 
     def load(self, out_dir: Path, *, providers: list[str] | None = None, threads: int | None = None,
              spinning: bool = False, **options) -> OnnxRunner:

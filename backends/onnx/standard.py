@@ -16,6 +16,7 @@ import onnx
 import sympy
 
 from ...ir import Node
+from . import stable
 from .builder import INT64_MAX, NUMPY_TYPES, ONNX_TYPES
 
 STANDARD: dict[str, Callable] = {}
@@ -41,7 +42,7 @@ def _simple(onnx_op: str, **fixed):
 
 
 for _ir, _onnx in {"neg": "Neg", "exp": "Exp", "log": "Log", "sqrt": "Sqrt", "abs": "Abs",
-                   "reciprocal": "Reciprocal", "sigmoid": "Sigmoid", "tanh": "Tanh", "relu": "Relu",
+                   "reciprocal": "Reciprocal", "tanh": "Tanh", "relu": "Relu",
                    "add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div", "pow": "Pow",
                    "maximum": "Max", "minimum": "Min", "less": "Less", "greater": "Greater",
                    "where": "Where", "matmul": "MatMul"}.items():
@@ -54,10 +55,16 @@ def _rsqrt(lx, node):
     lx.b.Reciprocal(lx.b.Sqrt(x), outputs=[y])
 
 
+@lowers("sigmoid")
+def _sigmoid(lx, node):  # onnxruntime's Sigmoid loses the relative accuracy of negative inputs
+    (x,), (y,) = _io(lx, node)
+    stable.sigmoid(lx.b, x, lx.type(node.inputs[0]).dtype, outputs=[y])
+
+
 @lowers("silu")
 def _silu(lx, node):
     (x,), (y,) = _io(lx, node)
-    lx.b.Mul(x, lx.b.Sigmoid(x), outputs=[y])
+    lx.b.Mul(x, stable.sigmoid(lx.b, x, lx.type(node.inputs[0]).dtype), outputs=[y])
 
 
 @lowers("softplus")

@@ -22,6 +22,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ...ir import Graph, Node
+from ..artifact import seal
 from ..base import table_supports
 from .build import build, export, scheduled_module
 from .dims import DimError, DimMap
@@ -74,7 +75,9 @@ class TvmBackend:
     def lower(self, graphs: dict[str, Graph], out_dir: Path, **options) -> Path:
         target, opts = self._opts(options)
         ex, seconds = build(graphs, target, **opts)
-        return export(ex, graphs, Path(out_dir), target, opts, seconds)
+        out = export(ex, graphs, Path(out_dir), target, opts, seconds)
+        seal(out, backend=self.name, model=next(iter(graphs.values())).meta.get("model"), variant=target)
+        return out
 
     def load(self, out_dir: Path, **options) -> TvmRunner:
         return TvmRunner(out_dir)

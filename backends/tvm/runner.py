@@ -22,8 +22,9 @@ import tvm
 from safetensors.torch import load_file
 from tvm import relax
 
+from ...errors import ArtifactError, InputError
 from ...ir import dims as D
-from ...ir.interpret import InputError
+from ..artifact import verify
 from .build import FORMAT
 
 DTYPES = {"f64": torch.float64, "f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16,
@@ -70,7 +71,8 @@ class TvmRunner:
         self.out_dir = Path(out_dir)
         for f in ("lib.so", "weights.safetensors", "manifest.json"):
             if not (self.out_dir / f).exists():
-                raise FileNotFoundError(f"{self.out_dir} is not a TVM artifact: {f} is missing")
+                raise ArtifactError(f"{self.out_dir} is not a TVM artifact: {f} is missing")
+        verify(self.out_dir, "tvm")  # a truncated lib.so would be mapped and crash the process (SIGBUS)
         self.manifest = json.loads((self.out_dir / "manifest.json").read_text())
         if self.manifest.get("format") != FORMAT:
             raise ValueError(f"{self.out_dir}/manifest.json: format {self.manifest.get('format')!r}, "

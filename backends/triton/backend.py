@@ -20,6 +20,7 @@ from ...errors import ArtifactError
 from ...ir import Graph, InputError, Node, parse, print_graph
 from ..artifact import seal, verify
 from ..contract import check_inputs
+from ..signs import DECAY_INPUT, check_decays, decay_inputs
 from ..weights import unshared
 from .codegen import generate_module
 from .elementwise import FLOATS
@@ -36,13 +37,15 @@ class TritonRunner:
 
     def __init__(self, module, entries: dict[str, Graph], weights: dict[str, torch.Tensor], device: str):
         self.module, self.entries, self.weights, self.device = module, entries, weights, device
+        self._decays: dict[str, list[str]] = {}
 
     def run(self, entry: str, *inputs: torch.Tensor) -> list[torch.Tensor]:
         """Outputs in the graph's order, on the device of the inputs (CPU inputs on a GPU
         machine run on the GPU and come back; CUDA inputs stay there, state included)."""
         if entry not in self.entries:
             raise KeyError(f"the Triton artifact has no entry {entry!r}; it has {', '.join(self.entries)}")
-        check_inputs(self.entries[entry], inputs)  # an InputError names an input, an id or a dim out of range
+        g = self.entries[entry]  # an InputError names an input, an id, a dim out of range or a log-decay > 0
+        check_inputs(g, inputs, self._decays.setdefault(entry, decay_inputs(g)), "Triton")
         home = inputs[0].device if inputs else torch.device(self.device)
         outs = self.module.forward(entry, [x.to(self.device) for x in inputs], self.weights)
         return outs if home.type == torch.device(self.device).type else [o.to(home) for o in outs]
@@ -68,6 +71,10 @@ class TritonBackend:
                 return False, f"head dims K={K}, V={V}: the Triton kernels take static head dims up to {MAX_HEAD_DIM}"
             if any(graph.types[i].dtype not in FLOATS for i in node.inputs):
                 return False, "the Triton kernels take floating-point inputs"
+        if node.op in DECAY_INPUT:
+            ok, why = check_decays(graph, node, "Triton")
+            if not ok:
+                return ok, why
         if node.op == "chunk_prepare":
             C = node.attrs.get("chunk_size")
             if not isinstance(C, int) or C < 16 or C & (C - 1):

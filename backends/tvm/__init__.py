@@ -24,6 +24,7 @@ from pathlib import Path
 from ...ir import Graph, Node
 from ..artifact import seal
 from ..base import table_supports
+from ..signs import DECAY_INPUT, check_decays
 from .build import build, export, scheduled_module
 from .dims import DimError, DimMap
 from .lower import LOWERINGS
@@ -51,6 +52,10 @@ class TvmBackend:
         ok, why = table_supports(LOWERINGS, node, "tvm")
         if not ok:
             return ok, why
+        if node.op in DECAY_INPUT:
+            ok, why = check_decays(graph, node, "TVM")
+            if not ok:
+                return ok, why
         if node.op in _FLOAT32_KERNELS:
             for v in node.inputs + node.outputs:
                 t = graph.types[v]

@@ -26,6 +26,7 @@ from tvm import relax
 
 from ...ir import Graph
 from ...ir import dims as D
+from ..signs import decay_inputs
 from .lower import lower_module, weight_names
 from .schedules import default_schedule
 from .target import make_target
@@ -111,6 +112,7 @@ def manifest(graphs: dict[str, Graph], target: str, options: dict, seconds: floa
                 "inputs": [_type_entry(n, g.types[n]) for n in g.inputs],
                 "outputs": [_type_entry(name, g.types[v]) for name, v in g.outputs],
                 "id_bounds": _id_bounds(g),
+                "nonpositive": decay_inputs(g),  # log-decays fed as inputs: the kernels assume <= 0
             }
             for entry, g in graphs.items()
         },

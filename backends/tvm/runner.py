@@ -25,6 +25,7 @@ from tvm import relax
 from ...errors import ArtifactError, InputError
 from ...ir import dims as D
 from ..artifact import verify
+from ..contract import check_nonpositive
 from .build import FORMAT
 
 DTYPES = {"f64": torch.float64, "f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16,
@@ -44,6 +45,7 @@ class Entry:
     outputs: list[dict]
     dims: dict
     id_bounds: dict
+    nonpositive: list
 
     @property
     def input_names(self) -> list[str]:
@@ -78,7 +80,7 @@ class TvmRunner:
             raise ValueError(f"{self.out_dir}/manifest.json: format {self.manifest.get('format')!r}, "
                              f"expected {FORMAT!r}")
         self.target = self.manifest["target"]
-        self.entries = {e: Entry(e, m["inputs"], m["outputs"], m["dims"], m["id_bounds"])
+        self.entries = {e: Entry(e, m["inputs"], m["outputs"], m["dims"], m["id_bounds"], m.get("nonpositive", []))
                         for e, m in self.manifest["entries"].items()}
         self._vm = None
         self._params = None
@@ -141,6 +143,8 @@ class TvmRunner:
             x = inputs[e.input_names.index(name)]
             if x.numel() and (int(x.min()) < 0 or int(x.max()) >= bound):
                 raise InputError(f"input {name!r}: ids must lie in [0, {bound}), got [{int(x.min())}, {int(x.max())}]")
+        for name in e.nonpositive:
+            check_nonpositive(name, inputs[e.input_names.index(name)], "TVM")
 
     def _to_tvm(self, x: torch.Tensor):
         """Zero-copy on the CPU when the data is 64-byte aligned (what TVM requires), else a copy."""

@@ -34,6 +34,11 @@ def register(name: str, cls: type) -> None:
     _EXTRA[name] = cls
 
 
+def registered() -> tuple[str, ...]:
+    """The names `register` added."""
+    return tuple(_EXTRA)
+
+
 def get(name: str, **options) -> Backend:
     if name in _EXTRA:
         return _EXTRA[name](**options)
@@ -47,4 +52,4 @@ def get(name: str, **options) -> Backend:
     return cls(**options)
 
 
-__all__ = ["get", "register", "NAMES", "Backend", "Runner", "UnsupportedNodeError", "check_supported"]
+__all__ = ["get", "register", "registered", "NAMES", "Backend", "Runner", "UnsupportedNodeError", "check_supported"]

@@ -64,12 +64,12 @@ def flavours(text: str | None) -> list[str]:
 def backend_specs(text: str, flavour_list: list[str], flag: str = "--backends") -> list[str]:
     """`reference,onnx,tvm` or `all` -> the backends to run, onnx once per flavour
     (`onnx` is the portable flavour, `onnx:ort` the ort one); an empty list is an error."""
-    from .backends import NAMES
+    from .backends import NAMES, registered
 
     names = list(NAMES) if text.strip() == "all" else [b.strip() for b in text.split(",") if b.strip()]
     if not names:
         raise UsageError(f"{flag} {text!r} names no backend; known: {', '.join(NAMES)} or all")
-    unknown = [b for b in names if b.partition(":")[0] not in NAMES]
+    unknown = [b for b in names if b.partition(":")[0] not in NAMES + registered()]
     if unknown:
         raise UsageError(f"unknown backend(s) {unknown}; known: {', '.join(NAMES)} or all")
     specs: list[str] = []

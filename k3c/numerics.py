@@ -14,7 +14,8 @@ of the computation (how much it amplifies a relative change of its inputs).
   use; each row says why it is what it is.
 - `model_tolerance`: a whole model (k3c diff). Its kappa sqrt(n) u is not guessed: it is
   measured, as the distance between the eager model in its dtype and the same model in
-  float64 (`noise`), and a backend may differ from eager by `MODEL_SAFETY_*` times that.
+  float64 (`noise`), and a backend may differ from eager by `MODEL_SAFETY_*` times that, and
+  never by less than the dtype's row (see model_tolerance for why that floor is needed).
 - `elementwise_off`: an elementwise op given the reference's own inputs (the bisection): each
   element within `ELEMENTWISE_ULPS` u of the reference, in relative terms.
 """
@@ -61,9 +62,6 @@ TOLERANCES: dict[torch.dtype, Tolerance] = {
 # is a tail statistic (its spread over 1e4 to 1e6 elements): twice the RMS factor.
 MODEL_SAFETY_RMS = 4.0
 MODEL_SAFETY_MAX = 8.0
-# A tensor the eager model computes the same way in both dtypes (a copy of an input, a cache
-# entry that is one projection) measures a noise of a few u or none: floor it at 8 u.
-NOISE_FLOOR_ULPS = 8.0
 # One elementwise op on identical inputs: IEEE's +, -, *, /, sqrt are correctly rounded (0.5 u);
 # the transcendental functions of onnxruntime, TVM and Triton measure within 5 u of float64 over
 # the float range (tests/numerics/test_elementwise.py); compositions (silu = x sigmoid(x),
@@ -132,23 +130,32 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtyp
 def model_tolerance(eager: torch.Tensor, exact: torch.Tensor, dtype: torch.dtype | None = None) -> Tolerance:
     """The tolerance of a backend against `eager` for one output of a whole model: the safety
     factors times the noise of `eager` (the model in its dtype) against `exact` (the same
-    model in float64), floored at `NOISE_FLOOR_ULPS` u."""
-    u = UNIT_ROUNDOFF.get(dtype or eager.dtype, UNIT_ROUNDOFF[torch.float32])
-    floor = NOISE_FLOOR_ULPS * u
-    return Tolerance(max_abs=MODEL_SAFETY_MAX * max(scaled_max_abs_err(eager, exact), floor),
-                     rel_rms=MODEL_SAFETY_RMS * max(rel_rms_err(eager, exact), floor))
+    model in float64), and at least the dtype's row.
+
+    Why the floor: the float64 copy is not float64 throughout. k3c's models and kernels keep
+    fp32 islands on purpose (norms, the router, the recurrent kernels cast with `.float()`, the
+    chunked form and the expert accumulator are fp32 by construction), so where the two runs
+    feed an island nearly the same bits they share its rounding, and the measured noise misses
+    it. Where that rounding is amplified (the router at low scores: a sigmoid of a large
+    negative score has a condition of |x|) the measured noise alone is too low by 2x; the row,
+    kappa sqrt(n) u of one op, is what such an island contributes at least."""
+    row = TOLERANCES.get(dtype or eager.dtype, TOLERANCES[torch.float32])
+    return Tolerance(max_abs=max(row.max_abs, MODEL_SAFETY_MAX * scaled_max_abs_err(eager, exact)),
+                     rel_rms=max(row.rel_rms, MODEL_SAFETY_RMS * rel_rms_err(eager, exact)))
 
 
 def elementwise_off(actual: torch.Tensor, expected: torch.Tensor) -> tuple[bool, float]:
     """(off, worst relative error): each element of an elementwise op's result within
-    `ELEMENTWISE_ULPS` u of the reference's, relative to its own magnitude (below the smallest
-    normal number, absolutely: a backend may flush subnormals)."""
+    `ELEMENTWISE_ULPS` u of the reference's, relative to its own magnitude. Differences below
+    the smallest normal number do not count: a backend may flush subnormals to zero, or keep
+    one where torch's form underflowed (1 / (1 + exp(88.7)) is 0, the sigmoid is 2.9e-39)."""
     if not expected.is_floating_point() or not expected.numel():
         return False, 0.0
     dt = expected.dtype
     u, tiny = UNIT_ROUNDOFF.get(dt, UNIT_ROUNDOFF[torch.float32]), SMALLEST_NORMAL.get(dt, 1.2e-38)
     a, b = actual.detach().double(), expected.detach().double()
-    same = (a == b) | (torch.isnan(a) & torch.isnan(b))
-    err = torch.where(same, torch.zeros_like(a), (a - b).abs() / torch.clamp(b.abs(), min=tiny))
+    diff = (a - b).abs()
+    same = (a == b) | (torch.isnan(a) & torch.isnan(b)) | (diff <= tiny)
+    err = torch.where(same, torch.zeros_like(a), diff / b.abs())
     worst = float(err.max())
     return not worst <= ELEMENTWISE_ULPS * u, worst

@@ -25,6 +25,7 @@ from ...ir import Graph, Node
 from ..artifact import seal
 from ..base import table_supports
 from ..signs import DECAY_INPUT, check_decays
+from . import cache
 from .build import build, export, scheduled_module
 from .dims import DimError, DimMap
 from .lower import LOWERINGS
@@ -79,8 +80,10 @@ class TvmBackend:
 
     def lower(self, graphs: dict[str, Graph], out_dir: Path, **options) -> Path:
         target, opts = self._opts(options)
-        ex, seconds = build(graphs, target, **opts)
-        out = export(ex, graphs, Path(out_dir), target, opts, seconds)
+        out, k = Path(out_dir), cache.key(graphs, target, opts)
+        ex, seconds = (None, 0.0) if cache.fetch(k, out) else build(graphs, target, **opts)
+        out = export(ex, graphs, out, target, opts, seconds)
+        cache.store(k, out)
         seal(out, backend=self.name, model=next(iter(graphs.values())).meta.get("model"), variant=target)
         return out
 

@@ -120,17 +120,19 @@ def manifest(graphs: dict[str, Graph], target: str, options: dict, seconds: floa
 
 
 def export(ex, graphs: dict[str, Graph], out_dir: Path, target: str, options: dict, seconds: float) -> Path:
-    """Write lib.so, weights.safetensors and manifest.json into `out_dir`."""
+    """Write lib.so, weights.safetensors and manifest.json into `out_dir` (`ex` None: lib.so,
+    and kernels.cu for cuda, are there already, from the build cache)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    ex.export_library(str(out_dir / "lib.so"))
+    if ex is not None:
+        ex.export_library(str(out_dir / "lib.so"))
     weights: dict[str, torch.Tensor] = {}
     for g in graphs.values():
         for name, t in g.weights.items():
             weights.setdefault(name, t.detach().contiguous().clone())  # tied weights become copies
     save_file(weights, str(out_dir / "weights.safetensors"))
     (out_dir / "manifest.json").write_text(json.dumps(manifest(graphs, target, options, seconds), indent=1))
-    if target == "cuda":
+    if target == "cuda" and ex is not None:
         (out_dir / "kernels.cu").write_text(device_source(ex))
     return out_dir
 

@@ -68,9 +68,13 @@ def _retry_spec(message: str, spec):
     from torch.export.dynamic_shapes import refine_dynamic_shapes_from_suggested_fixes
 
     try:  # it parses the message itself, which must end with the suggested fixes
-        return refine_dynamic_shapes_from_suggested_fixes(message.split("\n\nThe error above")[0], spec)
+        refined = refine_dynamic_shapes_from_suggested_fixes(message.split("\n\nThe error above")[0], spec)
     except Exception:  # torch found no fix to suggest
         return None
+    leaves = pytree.tree_leaves(refined, is_leaf=_is_dim)
+    if any(_is_dim(d) and type(d) is not _DIM for d in leaves):
+        return None  # a derived dim (T = 2 * _T): the IR's dims are plain ranges, so refuse with the reason
+    return refined
 
 
 def export(module: torch.nn.Module, args: tuple, spec) -> torch.export.ExportedProgram:

@@ -33,9 +33,9 @@ def _is_float(graph: Graph, v: str) -> bool:
 
 
 def isolate(graph: Graph) -> tuple[Graph, list[tuple[int, str, str]]]:
-    """The probe of `graph` and what it checks: (node index, value, probe output) per float
-    output of every node. Probe inputs: the graph's inputs, then every value a node reads that
-    another node (not a constant) computes."""
+    """The probe of `graph` and what it checks: (node index, value, probe output) per output
+    of every node (integer ones too: topk's indices decide the routing). Probe inputs: the
+    graph's inputs, then every value a node reads that another node (not a constant) computes."""
     producers = graph.producers()
     g = graph.copy()
     g.name = f"{graph.name}.probe"
@@ -54,8 +54,7 @@ def isolate(graph: Graph) -> tuple[Graph, list[tuple[int, str, str]]]:
             p = g.fresh(v + PROBE)
             g.types[p] = g.types[v]
             outs.append(p)
-            if _is_float(graph, v):
-                checks.append((i, v, p))
+            checks.append((i, v, p))
         node.outputs = outs
         nodes.append(node)
     g.nodes, g.inputs = nodes, inputs
@@ -67,6 +66,10 @@ def isolate(graph: Graph) -> tuple[Graph, list[tuple[int, str, str]]]:
 def node_off(op: str, actual: torch.Tensor, expected: torch.Tensor,
              tolerance: dict[torch.dtype, Tolerance] | None = None) -> tuple[bool, str]:
     """(off, how) for one node's output computed from the reference's inputs."""
+    if not expected.is_floating_point():  # indices, masks: exactly the reference's
+        same = actual.shape == expected.shape and bool((actual == expected).all())
+        n = 0 if same or actual.shape != expected.shape else int((actual != expected).sum())
+        return not same, f"{n} of {expected.numel()} integer values differ"
     if op in FAMILIES.get("elementwise", ()):
         off, worst = elementwise_off(actual, expected)
         return off, f"worst element {worst:.1e} relative"

@@ -17,7 +17,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import k3c
 from k3c.diff import backend_for
 from k3c.ir import parse
 from k3c.numerics import ELEMENTWISE_ULPS, SMALLEST_NORMAL, UNIT_ROUNDOFF

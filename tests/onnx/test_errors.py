@@ -13,6 +13,7 @@ from k3c.backends import UnsupportedNodeError
 from k3c.backends.onnx import OnnxBackend, OnnxRunner, lower_graph
 from k3c.backends.onnx.custom import CUSTOM
 from k3c.backends.onnx.standard import STANDARD
+from k3c.errors import ArtifactError
 from k3c.ir import OPS, InputError, TensorType
 
 
@@ -103,7 +104,7 @@ def test_bad_flavour_option_and_directory(tmp_path):
         OnnxBackend(flavour="tensorrt")
     with pytest.raises(TypeError, match="unknown option.*'target'"):
         OnnxBackend().lower({}, tmp_path, target="cuda")
-    with pytest.raises(FileNotFoundError, match="not a k3c ONNX artifact"):
+    with pytest.raises(ArtifactError, match="holds no k3c artifact"):
         OnnxRunner(tmp_path)
 
 

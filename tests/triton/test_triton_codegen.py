@@ -17,6 +17,7 @@ from k3c.backends import UnsupportedNodeError, check_supported
 from k3c.backends.triton import MODULE_FILE, TritonBackend, generate_module
 from k3c.backends.triton.codegen import dim_code
 from k3c.backends.triton.lowering import LOWERINGS, REASONS
+from k3c.errors import ArtifactError
 from k3c.ir import OPS, InputError
 from k3c.numerics import assert_close
 
@@ -356,7 +357,7 @@ def test_a_misfit_input_is_named(tmp_path):
 
 
 def test_loading_a_folder_without_an_artifact_says_so(tmp_path):
-    with pytest.raises(FileNotFoundError, match="no manifest.json"):
+    with pytest.raises(ArtifactError, match="no manifest.json"):
         TritonBackend().load(tmp_path)
 
 

@@ -38,6 +38,23 @@ def check_state_names(names: list[str], state, model: str | None = None) -> None
                          f"{model or 'this model'} does not have (a state of another model?)")
 
 
+def rebind_weights(graphs: dict[str, Graph], model: torch.nn.Module) -> dict[str, Graph]:
+    """Copies of `graphs` (captured from a model of the same structure as `model`) that hold
+    `model`'s weights: a capture is the same for any weight values, so a re-weighted model
+    (a k3c diff --stress) need not be exported again. Weights are matched by name."""
+    named = dict(model.named_parameters()) | dict(model.named_buffers())
+    out = {}
+    for entry, g in graphs.items():
+        missing = [w for w in g.weights if w not in named or tuple(named[w].shape) != tuple(g.weights[w].shape)]
+        if missing:
+            raise ValueError(f"{entry}: the model has no weight {missing[0]!r} of shape "
+                             f"{list(g.weights[missing[0]].shape)}: not the model these graphs were captured from")
+        g = g.copy()
+        g.weights = {w: named[w] for w in g.weights}
+        out[entry] = g
+    return out
+
+
 class CompiledModel:
     """A compiled model: `model(input_ids) -> logits`, `prefill`, `decode` like the eager one.
 

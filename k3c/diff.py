@@ -28,7 +28,7 @@ from . import backends as backends_mod
 from . import passes as passes_mod
 from .backends import artifact
 from .bisect import first_divergent_node, first_divergent_prefix  # noqa: F401  (public names)
-from .compiler import capture_entries
+from .compiler import capture_entries, rebind_weights
 from .errors import UsageError
 from .numerics import Tolerance, compare, model_tolerance
 
@@ -161,11 +161,14 @@ def _eager(model, ids, seq_len: int, decode_steps: int) -> _Eager:
 def diff(model: torch.nn.Module, backends: list[str], *, seq_len: int = 130, batch: int = 2,
          decode_steps: int = 8, capture_len: int = 16, passes: str | list[str] = "default", seed: int = 0,
          out_root: str | Path | None = None, bisect: bool = True, progress=None, stress: str | None = None,
-         keep: bool = False, force: bool = False) -> DiffReport:
+         keep: bool = False, force: bool = False, captured: dict | None = None,
+         timing: bool = True) -> DiffReport:
     """Compare each backend with eager `model` on prefill(seq_len) and `decode_steps` decode steps.
 
     `stress` runs it at the weights of a k3c.stress edit. Without `out_root` the artifacts go
-    to a temporary folder that is removed at the end unless `keep`."""
+    to a temporary folder that is removed at the end unless `keep`. `captured`: the graphs of
+    `capture_entries` for this model (or one of its structure: its weights are rebound), not
+    yet through the passes. `timing` False skips the second (timed) prefill of each backend."""
     if not backends:
         raise UsageError("no backend to compare")
     if decode_steps < 0 or seq_len < 1 or batch < 1:
@@ -178,13 +181,15 @@ def diff(model: torch.nn.Module, backends: list[str], *, seq_len: int = 130, bat
         model = stressed(model, stress)
         say(f"stress {stress}: {model.stress}")
     ids = seeded_ids(model.config.vocab_size, batch, seq_len + decode_steps, seed)
-    say(f"capturing {name}")
-    graphs = capture_entries(model, (ids[:, :capture_len],))
-    graphs = {e: passes_mod.run(g, passes) for e, g in graphs.items()}
+    if captured is None:
+        say(f"capturing {name}")
+        captured = capture_entries(model, (ids[:, :capture_len],))
+    graphs = {e: passes_mod.run(g, passes) for e, g in rebind_weights(captured, model).items()}
     ref = _eager(model, ids, seq_len, decode_steps)
     t0 = time.perf_counter()  # the speed column compares warm runs: a second prefill
-    model.prefill(ids[:, :seq_len])
-    eager_s = time.perf_counter() - t0
+    if timing:
+        model.prefill(ids[:, :seq_len])
+    eager_s = time.perf_counter() - t0 if timing else 0.0
     temporary = out_root is None
     root = Path(tempfile.mkdtemp(prefix="k3c-diff-")) if temporary else Path(out_root)
     report = DiffReport(name, {"batch": batch, "prefill_len": seq_len, "decode_steps": decode_steps,
@@ -193,7 +198,7 @@ def diff(model: torch.nn.Module, backends: list[str], *, seq_len: int = 130, bat
         for spec in backends:
             say(f"{spec}: lowering and running")
             report.backends[spec] = _diff_backend(spec, graphs, ids, seq_len, decode_steps, ref,
-                                                  root / spec.replace(":", "-"), bisect, force, keep, say)
+                                                  root / spec.replace(":", "-"), bisect, force, keep, timing, say)
     finally:
         if temporary and not keep:
             shutil.rmtree(root, ignore_errors=True)
@@ -203,7 +208,7 @@ def diff(model: torch.nn.Module, backends: list[str], *, seq_len: int = 130, bat
 
 
 def _diff_backend(spec: str, graphs, ids, seq_len: int, decode_steps: int, ref: _Eager, out_dir: Path,
-                  bisect: bool, force: bool, keep: bool, say) -> BackendDiff:
+                  bisect: bool, force: bool, keep: bool, timing: bool, say) -> BackendDiff:
     d = BackendDiff(spec, artifact=str(out_dir))
     try:
         be = backend_for(spec)
@@ -214,9 +219,10 @@ def _diff_backend(spec: str, graphs, ids, seq_len: int, decode_steps: int, ref: 
         runner = be.load(out_dir)
         d.compile_seconds = time.perf_counter() - t0
         outs = runner.run("prefill", ids[:, :seq_len])  # the first run also starts the runtime up
-        t0 = time.perf_counter()
-        runner.run("prefill", ids[:, :seq_len])
-        d.prefill_seconds = time.perf_counter() - t0
+        if timing:
+            t0 = time.perf_counter()
+            runner.run("prefill", ids[:, :seq_len])
+            d.prefill_seconds = time.perf_counter() - t0
     except UsageError:
         raise
     except Exception as e:  # a backend that cannot compile the model is a failed backend

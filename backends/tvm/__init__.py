@@ -53,6 +53,11 @@ class TvmBackend:
         ok, why = table_supports(LOWERINGS, node, "tvm")
         if not ok:
             return ok, why
+        if node.op == "moe_experts" and isinstance(graph.types[node.inputs[0]].shape[0], int):
+            # TVM 0.27's FuseTIR fails on this lowering at a static token count ("Inconsistent
+            # buffers T_reshape and x mapped to the same relax var"): say so instead
+            return False, ("the TVM routed-expert lowering needs a dynamic token count (a static one, as "
+                           "dynamic=False gives, trips TVM's FuseTIR); capture with dynamic=True")
         if node.op in DECAY_INPUT:
             ok, why = check_decays(graph, node, "TVM")
             if not ok:

@@ -56,3 +56,13 @@ def test_a_capture_that_cannot_work_carries_torchs_whole_reason():
     text = str(e.value)
     assert text.count("Not all values of T") >= 3  # every violated guard, not the first line
     assert "generated guard" in text and "draft_export" not in text
+
+
+def test_dynamic_false_on_tvm_moe_is_a_clear_refusal():
+    from k3c.compiler import capture_entries
+    from k3c.errors import UnsupportedNodeError
+
+    model = k3c.models.build("k3-tiny", num_layers=2, mla_layers=(2,), first_k_dense=0)
+    graphs = capture_entries(model, (_ids(8, 1024),), dynamic=False)
+    with pytest.raises(UnsupportedNodeError, match="moe_experts .*needs a dynamic token count"):
+        k3c.backends.check_supported(k3c.backends.get("tvm"), k3c.passes.run(graphs["prefill"], "default"))

@@ -30,7 +30,7 @@ from .backends import artifact
 from .bisect import first_divergent_node, first_divergent_prefix  # noqa: F401  (public names)
 from .compiler import capture_entries, rebind_weights
 from .errors import UsageError
-from .numerics import Tolerance, compare, model_tolerance
+from .numerics import Tolerance, compare, model_tolerance, rel_rms_err
 
 
 @dataclass
@@ -41,6 +41,7 @@ class TensorDiff:
     ok: bool
     tol_max_abs: float = 0.0
     tol_rel_rms: float = 0.0
+    noise_rel_rms: float = 0.0  # eager's own distance from its float64 copy: what the tolerance follows
 
 
 @dataclass
@@ -56,10 +57,11 @@ class BackendDiff:
     first_bad_node: dict | None = None
     error: str | None = None
 
-    def add(self, name: str, actual: torch.Tensor, expected: torch.Tensor, tol: Tolerance | None = None) -> None:
+    def add(self, name: str, actual: torch.Tensor, expected: torch.Tensor, tol: Tolerance | None = None,
+            noise: float = 0.0) -> None:
         c = compare(actual, expected, tolerance=tol)
         self.tensors.append(TensorDiff(name, c.max_abs_err, c.rel_rms_err, c.ok,
-                                       tol.max_abs if tol else 0.0, tol.rel_rms if tol else 0.0))
+                                       tol.max_abs if tol else 0.0, tol.rel_rms if tol else 0.0, noise))
         self.max_abs_err = max(self.max_abs_err, c.max_abs_err)
         self.rel_rms_err = max(self.rel_rms_err, c.rel_rms_err)
 
@@ -135,6 +137,7 @@ class _Eager:
     steps: list[torch.Tensor]
     final: dict
     tol: dict[str, Tolerance]
+    noise: dict[str, float]
 
 
 def _run_eager(model, ids, seq_len: int, decode_steps: int):
@@ -150,11 +153,13 @@ def _eager(model, ids, seq_len: int, decode_steps: int) -> _Eager:
     (logits, state), steps, final = _run_eager(model, ids, seq_len, decode_steps)
     exact = copy.deepcopy(model).double()  # the yardstick of the tolerances (numerics.model_tolerance)
     (x_logits, x_state), x_steps, x_final = _run_eager(exact, ids, seq_len, decode_steps)
-    tol = {"prefill/logits": model_tolerance(logits, x_logits)}
-    tol.update({f"prefill/{k}": model_tolerance(v, x_state[k]) for k, v in state.items()})
-    tol.update({f"decode{i}/logits": model_tolerance(a, b) for i, (a, b) in enumerate(zip(steps, x_steps))})
-    tol.update({f"final/{k}": model_tolerance(v, x_final[k]) for k, v in final.items()})
-    return _Eager((logits, state), steps, final, tol)
+    pairs = {"prefill/logits": (logits, x_logits)}
+    pairs.update({f"prefill/{k}": (v, x_state[k]) for k, v in state.items()})
+    pairs.update({f"decode{i}/logits": ab for i, ab in enumerate(zip(steps, x_steps))})
+    pairs.update({f"final/{k}": (v, x_final[k]) for k, v in final.items()})
+    tol = {k: model_tolerance(a, b) for k, (a, b) in pairs.items()}
+    noise = {k: rel_rms_err(a, b) for k, (a, b) in pairs.items()}
+    return _Eager((logits, state), steps, final, tol, noise)
 
 
 @torch.no_grad()
@@ -229,21 +234,22 @@ def _diff_backend(spec: str, graphs, ids, seq_len: int, decode_steps: int, ref: 
         d.error = f"{type(e).__name__}: {e}"
         return d
     names = [k for k, _ in graphs["prefill"].outputs]
-    d.add("prefill/logits", outs[0], ref.prefill[0], ref.tol["prefill/logits"])
+    d.add("prefill/logits", outs[0], ref.prefill[0], ref.tol["prefill/logits"], ref.noise["prefill/logits"])
     state = dict(zip(names[1:], outs[1:]))
     for k, v in state.items():
-        d.add(f"prefill/{k}", v, ref.prefill[1][k], ref.tol[f"prefill/{k}"])
+        d.add(f"prefill/{k}", v, ref.prefill[1][k], ref.tol[f"prefill/{k}"], ref.noise[f"prefill/{k}"])
     dec = graphs["decode"]
     try:
         for i in range(decode_steps):
             outs = runner.run("decode", ids[:, seq_len + i: seq_len + i + 1], *[state[k] for k in dec.inputs[1:]])
-            d.add(f"decode{i}/logits", outs[0], ref.steps[i], ref.tol[f"decode{i}/logits"])
+            d.add(f"decode{i}/logits", outs[0], ref.steps[i], ref.tol[f"decode{i}/logits"],
+                  ref.noise[f"decode{i}/logits"])
             state = dict(zip([k for k, _ in dec.outputs[1:]], outs[1:]))
     except Exception as e:
         d.error = f"decode: {type(e).__name__}: {e}"
         return d
     for k, v in state.items():
-        d.add(f"final/{k}", v, ref.final[k], ref.tol[f"final/{k}"])
+        d.add(f"final/{k}", v, ref.final[k], ref.tol[f"final/{k}"], ref.noise[f"final/{k}"])
     d.ok = all(t.ok for t in d.tensors)
     if not d.ok and bisect:
         say(f"{spec}: off; looking for the first node that is off on correct inputs")

@@ -42,7 +42,7 @@ def rebind_weights(graphs: dict[str, Graph], model: torch.nn.Module) -> dict[str
     """Copies of `graphs` (captured from a model of the same structure as `model`) that hold
     `model`'s weights: a capture is the same for any weight values, so a re-weighted model
     (a k3c diff --stress) need not be exported again. Weights are matched by name."""
-    named = dict(model.named_parameters()) | dict(model.named_buffers())
+    named = dict(model.named_parameters(remove_duplicate=False)) | dict(model.named_buffers(remove_duplicate=False))
     out = {}
     for entry, g in graphs.items():
         missing = [w for w in g.weights if w not in named or tuple(named[w].shape) != tuple(g.weights[w].shape)]

@@ -110,7 +110,8 @@ def check_target(out_dir: str | Path, *, backend: str, model: str | None, varian
     if held is None or force:
         return
     art = (read(out_dir) or {}).get("artifact") or {}
-    if (art.get("backend"), art.get("model"), art.get("variant")) == (backend, model, variant):
+    same_variant = art.get("variant") == variant or None in (art.get("variant"), variant)
+    if (art.get("backend"), art.get("model")) == (backend, model) and same_variant:
         return  # compiling the same thing again replaces it
     raise UsageError(f"{out_dir} holds {held}; choose another folder or pass --force (force=True) to replace it")
 

@@ -160,7 +160,7 @@ def _cmd_compile(args: argparse.Namespace) -> int:
 
     if args.backend.strip() == "all" or "," in args.backend:
         return _cmd_compile_all(args)
-    specs = checks.backend_specs(args.backend, checks.flavours(args.flavour), "--backend")
+    specs = checks.backend_specs(args.backend, checks.flavours(args.flavour or "portable"), "--backend")
     if len(specs) != 1:
         raise UsageError(f"--backend {args.backend} with --flavour {args.flavour}: one artifact takes one flavour")
     name, _, flavour = specs[0].partition(":")

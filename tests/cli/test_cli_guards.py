@@ -91,3 +91,22 @@ def test_a_found_difference_exits_1(tmp_path, capsys):
     assert code == 1
     data = json.loads((tmp_path / "d.json").read_text())
     assert data["backends"]["reference"]["ok"] and not data["backends"]["perturbed"]["ok"]
+
+
+def test_compile_all_checks_the_flavour_asked_for(tmp_path, capsys):
+    code = main(["compile", "--model", "gpt2-tiny", "--backend", "reference,onnx", "--flavour", "ort",
+                 "--seq-len", "8", "--out", str(tmp_path)])
+    assert code == 0
+    rows = [ln.split()[0] for ln in capsys.readouterr().out.splitlines()[3:] if ln.strip()]
+    assert rows[:2] == ["reference", "onnx:ort"]  # the ort flavour was built and checked, not the portable one
+    import json
+
+    manifest = json.loads((tmp_path / "onnx-ort" / "manifest.json").read_text())
+    assert manifest["flavour"] == "ort"
+
+
+def test_compile_onnx_defaults_to_the_portable_flavour(tmp_path):
+    import json
+
+    assert main(["compile", "--model", "gpt2-tiny", "--backend", "onnx", "--out", str(tmp_path / "o")]) == 0
+    assert json.loads((tmp_path / "o" / "manifest.json").read_text())["flavour"] == "portable"

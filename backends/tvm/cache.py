@@ -1,5 +1,7 @@
 """A cache of compiled TVM libraries, keyed by what the build reads: the graphs' text (names,
-types, attributes, not weight values), the target, the options and the versions of k3c and TVM.
+types, attributes, not weight values), the target, the options, the versions of k3c and TVM,
+and the source of the code that lowers (this package and the TVM kernels), so an edited
+lowering never meets a library built by the old one.
 
 The weights of a TVM artifact are parameters of its functions, never constants (lower.py), so
 two graphs that differ only in weight values (a re-seeded model, a k3c diff --stress) build the
@@ -9,6 +11,7 @@ of compiling for tens of seconds; without it nothing is cached.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -25,12 +28,25 @@ def _dir() -> Path | None:
     return Path(root) / "tvm" if root else None
 
 
+@functools.cache
+def _source_digest() -> str:
+    """SHA-256 of the TVM lowering's own source: backends/tvm and kernels/*/tvm."""
+    here = Path(__file__).resolve().parent
+    kernels = here.parents[1] / "kernels"
+    files = sorted(here.glob("*.py")) + sorted(kernels.glob("*/tvm/*.py")) + sorted(kernels.glob("*/*/tvm/*.py"))
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.read_bytes())
+    return h.hexdigest()
+
+
 def key(graphs: dict[str, Graph], target: str, options: dict) -> str:
     import tvm
 
     from ... import __version__
 
     h = hashlib.sha256()
+    h.update(_source_digest().encode())
     h.update(json.dumps([target, sorted((k, str(v)) for k, v in options.items()), __version__, tvm.__version__])
              .encode())
     for entry, g in sorted(graphs.items()):

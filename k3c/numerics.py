@@ -45,8 +45,9 @@ TOLERANCES: dict[torch.dtype, Tolerance] = {
     # chunked form of one op, T <= 130 steps of K = V <= 64): sqrt(130 * 64) u = 1e-14, with
     # kappa up to 40 under strong decay (the WY inverse) -> 4e-13 -> 1e-12.
     torch.float64: Tolerance(max_abs=1e-10, rel_rms=1e-12),
-    # u = 6e-8. A recurrence of T = 130 steps over K = V = 64 (the longest chain the op tests
-    # run) rounds along sqrt(130 * 64) = 91 steps: 5.4e-6 at kappa 1 -> 1e-5 allows kappa 1.8.
+    # u = 6e-8. A recurrence of up to T = 130 steps over K, V <= 64 (the longest chain the op
+    # tests run; their inputs are K = 32, V = 48) rounds along at most sqrt(130 * 64) = 91
+    # steps: 5.4e-6 at kappa 1 -> 1e-5 allows kappa 1.8.
     torch.float32: Tolerance(max_abs=1e-4, rel_rms=1e-5),
     # u = 4.9e-4 (and bf16 u = 3.9e-3): the reduced-precision kernels keep fp32 state and
     # accumulate in fp32, so only the rounding of inputs and outputs to the narrow type counts,

@@ -42,6 +42,11 @@ def register(name: str, cls: type) -> None:
     _EXTRA[name] = cls
 
 
+def registered() -> tuple[str, ...]:
+    """The names `register` added."""
+    return tuple(_EXTRA)
+
+
 def get(name: str, **options) -> Backend:
     """The backend `name`, configured by `options` (onnx: flavour, providers, threads,
     spinning; tvm: target, arch); an option it does not take is a TypeError naming it."""
@@ -62,5 +67,5 @@ def get(name: str, **options) -> Backend:
     return cls(**options)
 
 
-__all__ = ["get", "register", "NAMES", "Backend", "Runner", "UnsupportedNodeError", "check_supported", "lowering",
-           "Lowering"]
+__all__ = ["get", "register", "registered", "NAMES", "Backend", "Runner", "UnsupportedNodeError", "check_supported",
+           "lowering", "Lowering"]

@@ -18,19 +18,8 @@ from typing import Protocol
 
 import torch
 
+from ..errors import UnsupportedNodeError
 from ..ir import OPS, Graph, Node
-
-
-class UnsupportedNodeError(Exception):
-    """Nodes a backend cannot lower: each with its op, the reason and the model's line."""
-
-    def __init__(self, backend: str, problems: list[tuple[Node, str]]):
-        self.backend, self.problems = backend, problems
-        lines = []
-        for node, reason in problems:
-            where = f" at {node.loc}" if node.loc else ""
-            lines.append(f"  {node.op} (%{node.outputs[0]}){where}: {reason}")
-        super().__init__(f"backend {backend!r} cannot lower {len(problems)} node(s):\n" + "\n".join(lines))
 
 
 class Runner(Protocol):

@@ -7,16 +7,10 @@ type-mismatch, undefined-output, plus each op's own shape rules (state-shape, qk
 
 from __future__ import annotations
 
+from ..errors import VerifyError
 from . import dims as D
 from .graph import Graph, Node
 from .ops import OPS, ShapeError
-
-
-class VerifyError(Exception):
-    def __init__(self, rule: str, message: str, node: Node | None = None):
-        self.rule, self.node = rule, node
-        where = f"node {node.describe()}: " if node is not None else ""
-        super().__init__(f"{where}[{rule}] {message}")
 
 
 def verify(graph: Graph) -> Graph:

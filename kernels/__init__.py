@@ -21,7 +21,7 @@ from .linear_attention import linear_attention
 from .mla.naive import mla_attention, mla_attention_absorbed
 from .moe.mxfp4 import moe_down_mxfp4, moe_gate_up_mxfp4
 from .moe.naive import moe_down, moe_gate_up, route
-from .short_conv.naive import naive_short_conv as short_conv
+from .short_conv import short_conv
 from .situ.naive import silu_glu, situ, situ_packed
 
 __all__ = [

@@ -14,6 +14,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..kernels.situ.naive import silu_glu, situ
+from .validate import check_decode, check_prefill
 
 State = dict[str, torch.Tensor]
 
@@ -69,14 +70,15 @@ class CausalLM(nn.Module):
         raise NotImplementedError
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        check_prefill(self, input_ids)
         return self.step(input_ids, None)[0]
 
     def prefill(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, State]:
+        check_prefill(self, input_ids)  # an InputError names a bad id or a length past the model's bound
         return self.step(input_ids, None)
 
     def decode(self, input_ids: torch.Tensor, state: State) -> tuple[torch.Tensor, State]:
-        if input_ids.dim() != 2 or input_ids.shape[1] != 1:
-            raise ValueError(f"decode takes input_ids of shape [B, 1], got {tuple(input_ids.shape)}")
+        check_decode(self, input_ids, state)  # ... or a state entry that is missing, foreign or misshapen
         return self.step(input_ids, state)
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from ...ir import Graph, Node
 from .. import tables as L
+from ..artifact import seal
 from .artifact import build_manifest, read_manifest, write_artifact
 from .builder import LoweringError
 from .lower import FLAVOURS, lower_graph
@@ -83,7 +84,9 @@ class OnnxBackend:
             check_supported(self, g)
             models[entry], reports[entry] = lower_graph(g, self.flavour, {**meta, "k3c.entry": entry})
         manifest = build_manifest(graphs, self.flavour, reports, model=model, config=config, pipeline=pipeline)
-        return write_artifact(Path(out_dir), models, manifest)
+        out = write_artifact(Path(out_dir), models, manifest)
+        seal(out, backend=self.name, model=model, variant=self.flavour)
+        return out
 
     def load(self, out_dir: Path) -> OnnxRunner:
         return OnnxRunner(out_dir, self.providers, self.threads, self.spinning)

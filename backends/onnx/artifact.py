@@ -19,6 +19,7 @@ import onnx
 from onnx import TensorProto
 from onnx.external_data_helper import set_external_data
 
+from ...errors import ArtifactError
 from ...ir import Graph
 from .builder import NUMPY_TYPES, OPSET
 from .lower import PRESENT
@@ -117,7 +118,7 @@ def write_artifact(out_dir: Path, models: dict[str, onnx.ModelProto], manifest: 
 def read_manifest(out_dir: str | Path) -> dict:
     path = Path(out_dir) / MANIFEST
     if not path.exists():
-        raise FileNotFoundError(f"{out_dir} is not a k3c ONNX artifact: no {MANIFEST}")
+        raise ArtifactError(f"{out_dir} is not a k3c ONNX artifact: no {MANIFEST}")
     manifest = json.loads(path.read_text())
     if manifest.get("format") != FORMAT:
         raise ValueError(f"{path}: not a k3c ONNX manifest (format {manifest.get('format')!r})")

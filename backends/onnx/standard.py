@@ -19,6 +19,7 @@ import torch
 from ...ir import Graph, Node
 from ...kernels.mxfp4.naive import GROUP_SIZE, e2m1_table, e8m0_to_float
 from ..tables import builtin
+from . import stable
 from .builder import NUMPY_TYPES, ONNX_TYPES
 
 
@@ -44,7 +45,7 @@ def _simple(onnx_op: str, **fixed):
 
 
 for _ir, _onnx in {"neg": "Neg", "exp": "Exp", "log": "Log", "sqrt": "Sqrt", "abs": "Abs",
-                   "reciprocal": "Reciprocal", "sigmoid": "Sigmoid", "tanh": "Tanh", "relu": "Relu",
+                   "reciprocal": "Reciprocal", "tanh": "Tanh", "relu": "Relu",
                    "add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div", "pow": "Pow",
                    "maximum": "Max", "minimum": "Min", "less": "Less", "greater": "Greater",
                    "where": "Where", "matmul": "MatMul"}.items():
@@ -57,10 +58,16 @@ def _rsqrt(lx, node):
     lx.b.Reciprocal(lx.b.Sqrt(x), outputs=[y])
 
 
+@lowers("sigmoid")
+def _sigmoid(lx, node):  # onnxruntime's Sigmoid loses the relative accuracy of negative inputs
+    (x,), (y,) = _io(lx, node)
+    stable.sigmoid(lx.b, x, lx.type(node.inputs[0]).dtype, outputs=[y])
+
+
 @lowers("silu")
 def _silu(lx, node):
     (x,), (y,) = _io(lx, node)
-    lx.b.Mul(x, lx.b.Sigmoid(x), outputs=[y])
+    lx.b.Mul(x, stable.sigmoid(lx.b, x, lx.type(node.inputs[0]).dtype), outputs=[y])
 
 
 @lowers("softplus")

@@ -16,9 +16,14 @@ from pathlib import Path
 
 import torch
 
-from ...ir import Graph, InputError, Node, bind_dims, parse, print_graph
+from ...errors import ArtifactError
+from ...ir import Graph, InputError, Node, parse, print_graph
 from .. import tables as L
+from ..artifact import seal, verify
 from ..base import legalized
+from ..contract import check_inputs
+from ..signs import decay_inputs
+from ..weights import unshared
 from .codegen import generate_module
 
 MODULE_FILE = "model_triton.py"
@@ -30,13 +35,15 @@ class TritonRunner:
 
     def __init__(self, module, entries: dict[str, Graph], weights: dict[str, torch.Tensor], device: str):
         self.module, self.entries, self.weights, self.device = module, entries, weights, device
+        self._decays: dict[str, list[str]] = {}
 
     def run(self, entry: str, *inputs: torch.Tensor) -> list[torch.Tensor]:
         """Outputs in the graph's order, on the device of the inputs (CPU inputs on a GPU
         machine run on the GPU and come back; CUDA inputs stay there, state included)."""
         if entry not in self.entries:
             raise KeyError(f"the Triton artifact has no entry {entry!r}; it has {', '.join(self.entries)}")
-        bind_dims(self.entries[entry], inputs)  # an InputError names an input that does not fit
+        g = self.entries[entry]  # an InputError names an input, an id, a dim out of range or a log-decay > 0
+        check_inputs(g, inputs, self._decays.setdefault(entry, decay_inputs(g)), "Triton")
         home = inputs[0].device if inputs else torch.device(self.device)
         outs = self.module.forward(entry, [x.to(self.device) for x in inputs], self.weights)
         return outs if home.type == torch.device(self.device).type else [o.to(home) for o in outs]
@@ -73,19 +80,20 @@ class TritonBackend:
         if real:
             from safetensors.torch import save_file
 
-            save_file(real, str(out / "weights.safetensors"))
+            save_file(unshared(real), str(out / "weights.safetensors"))  # tied weights as copies
         manifest = {"format": FORMAT, "module": MODULE_FILE,
                     "entries": {e: {"inputs": g.inputs, "outputs": [k for k, _ in g.outputs], "graph": f"{e}.k3c"}
                                 for e, g in graphs.items()}}
         (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+        seal(out, backend=self.name, model=next(iter(graphs.values())).meta.get("model"))
         return out
 
     def load(self, out_dir: Path) -> TritonRunner:
         out = Path(out_dir)
         manifest_file = out / "manifest.json"
         if not manifest_file.exists():
-            raise FileNotFoundError(f"{out} holds no Triton artifact (no manifest.json); run k3c compile first")
-        manifest = json.loads(manifest_file.read_text())
+            raise ArtifactError(f"{out} holds no Triton artifact (no manifest.json); run k3c compile first")
+        manifest = verify(out, self.name)
         if manifest.get("format") != FORMAT:
             raise ValueError(f"{manifest_file}: format {manifest.get('format')!r}, this k3c reads {FORMAT!r}")
         from ...kernels.common.triton import DEVICE

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ...ir import Node
+from ..signs import check_decays
 from ..tables import builtin
 from .elementwise import EXPR, FLOATS
 
@@ -179,13 +180,15 @@ MAX_HEAD_DIM = 256
 
 
 def _head_dims(node: Node, graph) -> tuple[bool, str]:
+    """The recurrent kernels hold a [K, BV] state block in registers, and the chunk kernels
+    clamp exponents at 0 (a log-decay must be provably <= 0)."""
     K = graph.types[node.inputs[0]].shape[-1]
     V = graph.types[node.inputs[2]].shape[-1]
     if not all(isinstance(d, int) and d <= MAX_HEAD_DIM for d in (K, V)):
         return False, f"head dims K={K}, V={V}: the Triton kernels take static head dims up to {MAX_HEAD_DIM}"
     if any(graph.types[i].dtype not in FLOATS for i in node.inputs):
         return False, "the Triton kernels take floating-point inputs"
-    return True, ""
+    return check_decays(graph, node, "Triton")
 
 
 def _chunk_prepare_fits(node: Node, graph) -> tuple[bool, str]:

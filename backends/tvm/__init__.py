@@ -23,7 +23,9 @@ from pathlib import Path
 
 from ...ir import Graph, Node
 from .. import tables as L
+from ..artifact import seal
 from ..base import legalized
+from . import cache
 from .build import build, export, scheduled_module
 from .dims import DimError, DimMap
 from .runner import TvmRunner
@@ -64,8 +66,12 @@ class TvmBackend:
     def lower(self, graphs: dict[str, Graph], out_dir: Path) -> Path:
         graphs = legalized(self, graphs)
         target, opts = self._opts({})
-        ex, seconds = build(graphs, target, **opts)
-        return export(ex, graphs, Path(out_dir), target, opts, seconds)
+        out, k = Path(out_dir), cache.key(graphs, target, opts)
+        ex, seconds = (None, 0.0) if cache.fetch(k, out) else build(graphs, target, **opts)
+        out = export(ex, graphs, out, target, opts, seconds)
+        cache.store(k, out)
+        seal(out, backend=self.name, model=next(iter(graphs.values())).meta.get("model"), variant=target)
+        return out
 
     def load(self, out_dir: Path) -> TvmRunner:
         return TvmRunner(out_dir)

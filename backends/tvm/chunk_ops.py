@@ -12,7 +12,7 @@ from ...kernels.kda.tvm import chunk
 from ..tables import builtin
 from .context import LowerContext
 from .dims import static_int
-from .kernel_ops import _float32_kernel
+from .kernel_ops import kernel_supports
 
 R = relax.op
 
@@ -94,4 +94,4 @@ def _chunk_output(ctx: LowerContext, node: Node, qd, aqk, vn, starts):
 
 for _op, _fn in {"chunk_prepare": _chunk_prepare, "chunk_state_scan": _chunk_state_scan,
                  "chunk_output": _chunk_output}.items():
-    builtin("tvm", _op, kind="TIR", supports=_float32_kernel)(_fn)
+    builtin("tvm", _op, kind="TIR", supports=kernel_supports)(_fn)

@@ -28,6 +28,7 @@ from ...kernels.moe.tvm import panel as moe_panel
 from ...kernels.short_conv.tvm import SCHEDULES as CONV_SCHEDULES
 from ...kernels.short_conv.tvm import short_conv
 from ...kernels.situ.tvm import situ
+from ..signs import check_decays
 from ..tables import builtin
 from .context import LowerContext
 from .dims import static_int
@@ -256,13 +257,21 @@ _RULES = {
 
 
 
-def _float32_kernel(node, graph) -> tuple[bool, str]:
+def kernel_supports(node, graph) -> tuple[bool, str]:
+    """When a TensorIR kernel of this module takes a node: its values in float32, a log-decay
+    that is provably <= 0 (the chunk kernels clamp exponents at 0), and routed experts over a
+    dynamic token count."""
     for v in node.inputs + node.outputs:
         t = graph.types[v]
         if t.dtype in ("f64", "f16", "bf16"):
             return False, f"the TVM kernel of {node.op} computes in f32; %{v} is {t.dtype}"
-    return True, ""
+    if node.op == "moe_experts" and isinstance(graph.types[node.inputs[0]].shape[0], int):
+        # TVM 0.27's FuseTIR fails on this lowering at a static token count ("Inconsistent
+        # buffers T_reshape and x mapped to the same relax var"): say so instead
+        return False, ("the TVM routed-expert lowering needs a dynamic token count (a static one, as "
+                       "dynamic=False gives, trips TVM's FuseTIR); capture with dynamic=True")
+    return check_decays(graph, node, "TVM")
 
 
 for _op, _fn in _RULES.items():
-    builtin("tvm", _op, kind="TIR", supports=_float32_kernel)(_fn)
+    builtin("tvm", _op, kind="TIR", supports=kernel_supports)(_fn)

@@ -18,6 +18,7 @@ from ...ir import dims as D
 from ...kernels.common.tvm.gemm import PANEL, packed_linear, packed_rows
 from ...kernels.mxfp4.naive import GROUP_SIZE, e2m1_table, e8m0_to_float
 from ..tables import builtin
+from . import stable
 from .context import DTYPES, LowerContext
 
 R = relax.op
@@ -40,9 +41,13 @@ def _scalar(ctx: LowerContext, value, like: str) -> relax.Constant:
     return relax.const(value, DTYPES[ctx.type_of(like).dtype])
 
 
-def _softplus(ctx, node, x):
+def _softplus(ctx, node, x):  # TVM's own softplus is log(1 + exp(x)): see stable.py
     a = ctx.attrs(node)
-    return R.nn.softplus(x, a["beta"], a["threshold"])
+    return stable.softplus(x, a["beta"], a["threshold"], DTYPES[ctx.type_of(node.inputs[0]).dtype])
+
+
+def _tanh(ctx, node, x):  # TVM's own tanh cancels for small |x|: see stable.py
+    return stable.tanh(x, DTYPES[ctx.type_of(node.inputs[0]).dtype])
 
 
 def _elu(ctx, node, x):
@@ -212,7 +217,7 @@ def _gather(ctx, node, x, idx):
 
 _RULES = {
     "neg": _unary(R.negative), "exp": _unary(R.exp), "log": _unary(R.log), "sqrt": _unary(R.sqrt),
-    "rsqrt": _unary(R.rsqrt), "abs": _unary(R.abs), "sigmoid": _unary(R.sigmoid), "tanh": _unary(R.tanh),
+    "rsqrt": _unary(R.rsqrt), "abs": _unary(R.abs), "sigmoid": _unary(R.sigmoid), "tanh": _tanh,
     "relu": _unary(R.nn.relu), "silu": _unary(R.nn.silu), "softplus": _softplus, "elu": _elu, "gelu": _gelu,
     "reciprocal": lambda ctx, node, x: R.divide(_scalar(ctx, 1.0, node.inputs[0]), x),
     "add": _binary(R.add), "sub": _binary(R.subtract), "mul": _binary(R.multiply), "div": _binary(R.divide),

@@ -29,16 +29,9 @@ from typing import Any
 
 import sympy
 
+from ...errors import ShapeError
 from ...registry import Registry
 from ..types import DTYPES, TensorType
-
-
-class ShapeError(Exception):
-    """An op's operands do not fit: `rule` names the broken rule."""
-
-    def __init__(self, rule: str, message: str):
-        super().__init__(message)
-        self.rule = rule
 
 
 def expect(cond: bool, rule: str, message: str) -> None:

@@ -1,7 +1,7 @@
-"""The one error class of checkpoint reading and writing."""
+"""The one error class of checkpoint reading and writing (defined with k3c's other errors)."""
 
 from __future__ import annotations
 
+from ...errors import CheckpointError
 
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be read as the model its config describes: names the file or keys."""
+__all__ = ["CheckpointError"]

@@ -13,6 +13,7 @@ from k3c import backends
 from k3c.backends import UnsupportedNodeError
 from k3c.backends import tables as L
 from k3c.backends.onnx import OnnxBackend, OnnxRunner, lower_graph
+from k3c.errors import ArtifactError
 from k3c.ir import OPS, InputError, TensorType
 
 
@@ -104,7 +105,7 @@ def test_bad_flavour_option_and_directory(tmp_path):
         OnnxBackend(flavour="tensorrt")
     with pytest.raises(TypeError, match="onnx backend: unknown option.*'target'.*known: flavour"):
         backends.get("onnx", target="cuda")
-    with pytest.raises(FileNotFoundError, match="not a k3c ONNX artifact"):
+    with pytest.raises(ArtifactError, match="holds no k3c artifact"):
         OnnxRunner(tmp_path)
 
 

@@ -13,6 +13,7 @@ from k3c.backends import UnsupportedNodeError, check_supported
 from k3c.backends import tables as L
 from k3c.backends.triton import TritonBackend, generate_module
 from k3c.backends.triton.codegen import dim_code
+from k3c.errors import ArtifactError
 from k3c.ir import OPS, InputError
 
 
@@ -47,7 +48,7 @@ def test_a_misfit_input_is_named(tmp_path):
 
 
 def test_loading_a_folder_without_an_artifact_says_so(tmp_path):
-    with pytest.raises(FileNotFoundError, match="no manifest.json"):
+    with pytest.raises(ArtifactError, match="no manifest.json"):
         TritonBackend().load(tmp_path)
 
 

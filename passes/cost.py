@@ -114,3 +114,61 @@ def staged_cost(b, at: dict[str, int] | None = None) -> Cost:
 def no_worse(before: Cost, after: Cost) -> bool:
     """A rewrite is kept only when it makes neither FLOPs nor bytes worse."""
     return after.flops <= before.flops and after.bytes <= before.bytes
+
+
+# ---- collectives: the bytes a rank sends ---------------------------------------------------
+# Counted as the volume of the bandwidth-optimal algorithm of each primitive over M ranks: an
+# all-reduce sends 2 (M - 1) / M of its buffer (reduce-scatter then all-gather, as a ring
+# does), an all-gather its shard to M - 1 ranks, a reduce-scatter (M - 1) / M of its buffer,
+# an all-to-all the rows it addresses to other ranks (and its M - 1 counts, when the receivers
+# cannot know them). The rank runner counts what it hands torch.distributed the same way
+# (k3c.distributed.comm), so a plan and a run agree where the sizes do.
+COUNT_BYTES = 8  # one int64 row count
+
+
+def sent_bytes(kind: str, nbytes: float, members: int) -> float:
+    """Bytes one rank sends for a primitive on a buffer of `nbytes` (all_to_all: the bytes it
+    addresses to the other ranks, already)."""
+    M = members
+    if M <= 1:
+        return 0
+    return {"all_reduce": 2 * (M - 1) * nbytes / M, "all_gather": (M - 1) * nbytes,
+            "reduce_scatter": (M - 1) * nbytes / M, "all_to_all": nbytes}[kind]
+
+
+def comm_bytes(graph: Graph, node: Node, env: dict[str, int]) -> float:
+    """The bytes one rank sends for collective `node` at the binding `env`. Exact for the
+    all-reduce, all-gather and reduce-scatter; for the expert dispatch and combine (and a plain
+    all_to_all) the expectation at balanced routing: each rank's token slice N / M, and of its
+    slots the share (M - 1) / M bound for other ranks."""
+    key = tuple(sorted(env.items()))
+    shapes = [_shape(graph.types[i], key) for i in node.inputs]
+    nbytes = [_bytes(graph.types[i], s) for i, s in zip(node.inputs, shapes)]
+    M = len(node.attrs["group"])
+    if M <= 1:
+        return 0
+    away = (M - 1) / M
+    if node.op in ("all_reduce", "all_gather", "reduce_scatter"):
+        return sent_bytes(node.op, nbytes[0], M)
+    if node.op == "all_to_all":
+        return nbytes[0] * away + COUNT_BYTES * (M - 1)
+    item = graph.types[node.inputs[0]].torch_dtype.itemsize
+    if node.op == "moe_dispatch":  # rows of h and their local expert ids; counts once
+        (N, width), k = shapes[0], shapes[1][1]
+        return N / M * k * away * (width * item + COUNT_BYTES) + COUNT_BYTES * (M - 1)
+    if node.op == "moe_combine":  # outputs back to the slots' senders, then the slices gathered
+        width, (N, k) = shapes[0][1], shapes[2]
+        return N / M * k * away * width * item + (M - 1) * N / M * width * item
+    raise ValueError(f"{node.op} is not a collective")
+
+
+def graph_comm(graph: Graph, at: dict[str, int] | None = None) -> dict[str, dict]:
+    """Per collective op of `graph`: how many nodes, and the bytes one rank sends in all."""
+    env = binding(graph, at)
+    out: dict[str, dict] = {}
+    for n in graph.nodes:
+        if "collective" in OPS[n.op].families:
+            row = out.setdefault(n.op, {"count": 0, "bytes": 0.0})
+            row["count"] += 1
+            row["bytes"] += comm_bytes(graph, n, env)
+    return out

@@ -21,7 +21,8 @@ from .. import dims as D
 from ..types import DTYPES, TensorType
 from .spec import OPS, REQUIRED, OpSpec
 
-_ANNOTATIONS = {"float": float, "int": int, "bool": bool, "str": str, "dim": int, "number": float}
+_ANNOTATIONS = {"float": float, "int": int, "bool": bool, "str": str, "dim": int, "number": float,
+                "ints": list[int]}
 _REGISTERED: dict[str, tuple] = {}  # op name -> the signature its torch op was made with
 
 

@@ -1,0 +1,92 @@
+"""A device mesh: `tp` ranks split the attention heads and MLP widths, `ep` ranks split the
+routed experts; the world is tp * ep ranks.
+
+Rank r sits at (ep index, tp index) = divmod(r, tp). Its tensor-parallel group is the tp ranks
+of its ep index (r // tp * tp ...), its expert-parallel group the ep ranks of its tp index.
+Every rank sees the same tokens: the ep axis does not split attention (it runs replicated
+across it, tensor-parallel inside each tp group); the routed experts of a MoE are split over
+the ep group, each rank holding E / ep of them.
+
+    mesh = Mesh.parse("tp=2,ep=2");  mesh.world == 4;  mesh.tp_group(3) == [2, 3]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import UsageError
+
+
+@dataclass(frozen=True)
+class Mesh:
+    tp: int = 1
+    ep: int = 1
+
+    def __post_init__(self):
+        for axis, n in (("tp", self.tp), ("ep", self.ep)):
+            if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+                raise UsageError(f"mesh: {axis} must be a whole number >= 1, got {n!r}")
+
+    @staticmethod
+    def parse(text: str | Mesh) -> Mesh:
+        """"tp=2,ep=2" (either axis may be left out: it is 1)."""
+        if isinstance(text, Mesh):
+            return text
+        sizes: dict[str, int] = {}
+        for part in str(text).replace(" ", "").split(","):
+            name, eq, value = part.partition("=")
+            if not eq or name not in ("tp", "ep") or not value.isdigit():
+                raise UsageError(f"mesh {text!r}: expected axes like 'tp=2,ep=2' (tp and ep, whole numbers), "
+                                 f"got {part!r}")
+            if name in sizes:
+                raise UsageError(f"mesh {text!r}: {name} is given twice")
+            sizes[name] = int(value)
+        return Mesh(**sizes)
+
+    @property
+    def world(self) -> int:
+        return self.tp * self.ep
+
+    def coords(self, rank: int) -> tuple[int, int]:
+        """(ep index, tp index) of `rank`."""
+        if not 0 <= rank < self.world:
+            raise UsageError(f"rank {rank} is outside the mesh {self} of {self.world} ranks")
+        return divmod(rank, self.tp)
+
+    def tp_group(self, rank: int) -> list[int]:
+        e, _ = self.coords(rank)
+        return [e * self.tp + t for t in range(self.tp)]
+
+    def ep_group(self, rank: int) -> list[int]:
+        _, t = self.coords(rank)
+        return [e * self.tp + t for e in range(self.ep)]
+
+    def groups(self) -> list[list[int]]:
+        """Every group of more than one rank, tp groups first: what each rank process creates."""
+        tp = [self.tp_group(e * self.tp) for e in range(self.ep)] if self.tp > 1 else []
+        ep = [self.ep_group(t) for t in range(self.tp)] if self.ep > 1 else []
+        return tp + ep
+
+    def to_json(self) -> dict:
+        return {"tp": self.tp, "ep": self.ep, "world": self.world}
+
+    def __str__(self) -> str:
+        return f"tp={self.tp},ep={self.ep}"
+
+
+def check_divides(mesh: Mesh, config) -> None:
+    """A UsageError naming every head count, width or expert count of a Kimi config the mesh
+    does not divide (config-level, before any capture)."""
+    if getattr(config, "family", None) != "kimi":
+        raise UsageError(f"partitioning takes the Kimi family (kimi-linear, k3): a {type(config).__name__} "
+                         f"has no KDA/MLA heads or experts to split")
+    tp_widths = {"KDA heads (kda_heads)": config.kda_heads, "MLA heads (mla_heads)": config.mla_heads,
+                 "dense MLP width (dense_intermediate_size)": config.dense_intermediate_size,
+                 "shared-expert width (moe_intermediate_size * num_shared_experts)":
+                     config.moe_intermediate_size * config.num_shared_experts,
+                 "routed-expert width (moe_intermediate_size)": config.moe_intermediate_size}
+    bad = [f"tp={mesh.tp} does not divide the {n} {what}" for what, n in tp_widths.items() if n and n % mesh.tp]
+    if config.num_experts % mesh.ep:
+        bad.append(f"ep={mesh.ep} does not divide the {config.num_experts} routed experts (num_experts)")
+    if bad:
+        raise UsageError(f"mesh {mesh}: " + "; ".join(bad))

@@ -1,0 +1,221 @@
+"""The partition pass: one rank's part of a Kimi model (Kimi Linear, K3) on a mesh.
+
+The split is made on the module tree before capture, so each rank's graph is the capture of
+a model that holds only its shards and calls the collectives where a partial sum must become
+whole; every pass and backend then sees an ordinary graph with `all_reduce` nodes in it.
+
+    tp (tensor parallel, group: the rank's tp group)
+      KDA   q/k/v projections and their convs, f_b, b and g (g_b) projections, A_log and
+            dt_bias by head (colwise); o_proj by its input columns (rowwise) + all_reduce.
+            The recurrent state S [B, H, K, V] and the conv tails are the rank's heads.
+      MLA   q (q_b) projection, kv_b_proj and g_proj by head; o_proj rowwise + all_reduce.
+            The latent cache (ckv, krope) has no head axis: every tp rank keeps all of it.
+      MLP   dense and shared-expert MLPs: gate/up colwise, down rowwise + all_reduce.
+    ep (expert parallel, group: the whole world)
+      routed experts: rank (e, t) holds experts [e E/ep, (e+1) E/ep) and, of each, the
+      intermediate columns [t I/tp, (t+1) I/tp). Every rank routes every token (the router is
+      replicated), runs its experts on the slots routed to them (the other slots get weight
+      0) and the partial outputs are summed by one all_reduce over the world; the latent
+      norm and up-projection follow the sum. (That all-reduce is the reduce-scatter +
+      all-gather form of the combine; passes/cost.py prices it against the all-to-all
+      dispatch and combine, and `k3c plan` reports which moves fewer bytes.)
+    replicated: embedding, norms, routers, AttnRes, lm_head, the latent projections.
+
+Every name stays: a rank's weights and state carry the names of the one-process model, with
+the rank's shapes; k3c.distributed.state splits and reassembles states.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn as nn
+
+from ..kernels import ops
+from ..models.common import GatedMLP, activate
+from ..models.kda_layer import KDAMixer
+from ..models.mla_layer import MLAMixer
+from ..models.moe_layer import MoE, MXFP4Experts
+from ..models.validate import _SPEC, state_spec
+from .mesh import Mesh, check_divides
+
+
+def _reduce(x: torch.Tensor, group: list[int]) -> torch.Tensor:
+    return ops.all_reduce(x, list(group)) if len(group) > 1 else x
+
+
+class ReducedLinear(nn.Linear):
+    """A rowwise shard of a Linear: the partial product, summed over `group`."""
+
+    group: list[int]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _reduce(super().forward(x), self.group)
+
+
+class ReducedMLP(GatedMLP):
+    """A colwise/rowwise shard of a gated MLP, summed over `group`."""
+
+    group: list[int]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _reduce(super().forward(x), self.group)
+
+
+class ShardedMoE(MoE):
+    """The routed experts [lo, lo + n) of a MoE (intermediate columns already sliced)."""
+
+    lo: int
+    n_local: int
+    group: list[int]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, d = x.shape
+        x2 = x.reshape(B * T, d)
+        s = torch.sigmoid(torch.nn.functional.linear(x2.float(), self.gate.weight.float()))
+        idx = torch.topk(s + self.gate.e_score_correction_bias.float(), self.top_k, dim=-1).indices
+        w = s.gather(-1, idx)
+        if self.renormalize:
+            w = w / (w.sum(-1, keepdim=True) + 1e-20)
+        w = w * self.scaling
+        owned = (idx >= self.lo) & (idx < self.lo + self.n_local)
+        local = torch.where(owned, idx - self.lo, torch.zeros_like(idx))
+        w = torch.where(owned, w, torch.zeros_like(w))  # another rank's slot adds nothing here
+        h = self.routed_expert_down_proj(x2) if hasattr(self, "routed_expert_down_proj") else x2
+        ex = self.experts
+        if isinstance(ex, MXFP4Experts):
+            gu = ops.moe_gate_up_mxfp4(h, ex.w13_packed, ex.w13_scale, local)
+        else:
+            gu = ops.moe_gate_up(h, ex.w13, local)
+        a = activate(gu[..., : self.I], gu[..., self.I:], self.act, self.situ_beta, self.situ_linear_beta)
+        if isinstance(ex, MXFP4Experts):
+            y = ops.moe_down_mxfp4(a, ex.w2_packed, ex.w2_scale, local, w)
+        else:
+            y = ops.moe_down(a, ex.w2, local, w)
+        # summed as [B, T, width]: a value crossing a collective keeps dims its segment can bind
+        y = _reduce(y.view(B, T, -1), self.group)
+        if hasattr(self, "routed_expert_norm"):
+            y = self.routed_expert_norm(y)
+        if hasattr(self, "routed_expert_up_proj"):
+            y = self.routed_expert_up_proj(y)
+        if hasattr(self, "shared_experts"):
+            y = y + self.shared_experts(x)
+        return y
+
+
+def _rows(p: nn.Parameter, lo: int, hi: int, dim: int = 0) -> nn.Parameter:
+    return nn.Parameter(p.detach().narrow(dim, lo, hi - lo).clone(), requires_grad=False)
+
+
+def _slice(module: nn.Module, name: str, lo: int, hi: int, dim: int = 0) -> None:
+    setattr(module, name, _rows(getattr(module, name), lo, hi, dim))
+
+
+def _colwise(linear: nn.Linear, lo: int, hi: int) -> None:
+    _slice(linear, "weight", lo, hi, 0)
+    linear.out_features = hi - lo
+
+
+def _rowwise(linear: nn.Linear, lo: int, hi: int, group: list[int] | None) -> None:
+    """Keep input columns [lo, hi); with a `group`, the product is summed over it."""
+    _slice(linear, "weight", lo, hi, 1)
+    linear.in_features = hi - lo
+    if group is not None:
+        linear.__class__, linear.group = ReducedLinear, list(group)
+
+
+def _mlp(mlp: GatedMLP, t: int, tp: int, group: list[int]) -> None:
+    n = mlp.gate_proj.out_features // tp
+    _colwise(mlp.gate_proj, t * n, (t + 1) * n)
+    _colwise(mlp.up_proj, t * n, (t + 1) * n)
+    _rowwise(mlp.down_proj, t * n, (t + 1) * n, None)  # the MLP sums its output once
+    mlp.__class__, mlp.group = ReducedMLP, list(group)
+
+
+def _kda(m: KDAMixer, t: int, tp: int, group: list[int]) -> None:
+    H = m.H // tp
+    lo, hi = t * H * m.K, (t + 1) * H * m.K
+    for name in ("q_proj", "k_proj", "v_proj", "f_b_proj", "g_proj", "g_b_proj"):
+        if hasattr(m, name):
+            _colwise(getattr(m, name), lo, hi)
+    for name in ("q_conv1d", "k_conv1d", "v_conv1d"):
+        _slice(getattr(m, name), "weight", lo, hi)
+    _slice(m, "dt_bias", lo, hi)
+    _slice(m, "A_log", t * H, (t + 1) * H)
+    _colwise(m.b_proj, t * H, (t + 1) * H)
+    _rowwise(m.o_proj, t * H * m.V, (t + 1) * H * m.V, group)
+    m.H = H
+
+
+def _mla(m: MLAMixer, t: int, tp: int, group: list[int]) -> None:
+    H = m.H // tp
+    qk = m.nope + m.rope
+    _colwise(m.q_proj if hasattr(m, "q_proj") else m.q_b_proj, t * H * qk, (t + 1) * H * qk)
+    kv = m.nope + m.vdim
+    _colwise(m.kv_b_proj, t * H * kv, (t + 1) * H * kv)
+    if hasattr(m, "g_proj"):
+        _colwise(m.g_proj, t * H * m.vdim, (t + 1) * H * m.vdim)
+    _rowwise(m.o_proj, t * H * m.vdim, (t + 1) * H * m.vdim, group)
+    m.H = H
+
+
+def _moe(m: MoE, mesh: Mesh, e: int, t: int) -> None:
+    ex = m.experts
+    E = ex.w13_packed.shape[0] if isinstance(ex, MXFP4Experts) else ex.w13.shape[0]
+    n, i = E // mesh.ep, m.I // mesh.tp
+    lo = e * n
+    gate = slice(t * i, (t + 1) * i)
+    up = slice(m.I + t * i, m.I + (t + 1) * i)
+    # w13 rows: the w1 (gate) block, then the w3 (up) block; keep that order for the slice
+    names = (("w13_packed", "w2_packed"), ("w13_scale", "w2_scale")) if isinstance(ex, MXFP4Experts) \
+        else (("w13", "w2"),)
+    for w13, w2 in names:
+        a = getattr(ex, w13).detach()[lo:lo + n]
+        setattr(ex, w13, nn.Parameter(torch.cat([a[:, gate], a[:, up]], 1).clone(), requires_grad=False))
+        b = getattr(ex, w2).detach()[lo:lo + n]
+        per = b.shape[2] // mesh.tp  # w2's last dim is I (or I/2 packed, I/32 scales)
+        setattr(ex, w2, nn.Parameter(b[:, :, t * per:(t + 1) * per].clone(), requires_grad=False))
+    m.I, m.lo, m.n_local, m.group = i, lo, n, list(range(mesh.world))
+    m.__class__ = ShardedMoE
+    if hasattr(m, "shared_experts"):
+        _mlp(m.shared_experts, t, mesh.tp, mesh.tp_group(e * mesh.tp + t))
+
+
+def partition(model: nn.Module, mesh: Mesh | str, rank: int) -> nn.Module:
+    """Rank `rank`'s part of `model` on `mesh` (a copy; `model` is left whole). A mesh that
+    does not divide the heads, widths or experts is a UsageError naming each."""
+    mesh = Mesh.parse(mesh)
+    check_divides(mesh, model.config)
+    e, t = mesh.coords(rank)
+    group = mesh.tp_group(rank)
+    spec = state_spec(model)  # the one-process state's shapes, before the copy (it caches them)
+    part = copy.deepcopy(model)
+    for layer in part.model.layers:
+        if mesh.tp > 1:
+            (_mla if isinstance(layer.self_attn, MLAMixer) else _kda)(layer.self_attn, t, mesh.tp, group)
+            if hasattr(layer, "mlp"):
+                _mlp(layer.mlp, t, mesh.tp, group)
+        if hasattr(layer, "block_sparse_moe") and mesh.world > 1:
+            _moe(layer.block_sparse_moe, mesh, e, t)
+    part.mesh, part.rank = mesh, rank
+    # the rank's state spec, so decode checks a shard against the shard's shapes (found by
+    # running the rank's model it would need the other ranks)
+    first = next(iter(part.parameters()))
+    part.__dict__[_SPEC] = ((first.dtype, first.device), {
+        k: (_shard_shape(k, shape, mesh.tp), grow, dt) for k, (shape, grow, dt) in spec.items()})
+    return part
+
+
+_BY_HEAD = ("S", "conv_q", "conv_k", "conv_v")
+
+
+def split_dim(name: str) -> int | None:
+    """The dim a state entry is split along over tp: the KDA state S [B, H, K, V] by head, the
+    conv tails [B, H K, W - 1] by channel; None for the MLA latent cache (no head axis)."""
+    return 1 if name.rsplit(".", 1)[-1] in _BY_HEAD else None
+
+
+def _shard_shape(name: str, shape: tuple[int, ...], tp: int) -> tuple[int, ...]:
+    d = split_dim(name)
+    return shape if d is None else tuple(n // tp if i == d else n for i, n in enumerate(shape))

@@ -185,3 +185,25 @@ class SimComm(_Counted):
             self.sent["all_to_all"] += self._a2a_bytes(x, counts, me, received is None)
             self.calls["all_to_all"] += 1
         return torch.cat(mine), got
+
+
+class ShapeComm(_Counted):
+    """The communicator while a rank's model is captured: torch.export and the capture's own
+    eager call need results of the right shapes only (they name outputs and make example
+    states), so each primitive answers from this rank alone. Never used to compute."""
+
+    def __init__(self, rank: int):
+        super().__init__()
+        self.rank = rank
+
+    def all_reduce(self, x, group):
+        return x.clone()
+
+    def all_gather(self, x, group, dim):
+        return torch.cat([x] * len(group), dim)
+
+    def reduce_scatter(self, x, group, dim):
+        return x.chunk(len(group), dim)[group.index(self.rank)].clone()
+
+    def all_to_all(self, x, counts, group, received=None):
+        return x.clone(), list(counts)

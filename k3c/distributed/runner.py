@@ -1,0 +1,107 @@
+"""Per-rank artifacts of a partitioned model, and the rank runner that runs one of them.
+
+    mesh_dir = compile_mesh(model, "onnx", (ids,), "tp=2,ep=2", "out/")
+        out/mesh.json            the mesh, the backend, per rank and entry the plan
+        out/rank{r}/             rank r's artifact: every segment as an entry ({entry}_s{i})
+    rank = RankModel(mesh_dir, r)           # in a rank process (or a simulated rank)
+    logits, state = rank.prefill(ids)       # segment, collective, segment, ...
+    logits, state = rank.decode(ids1, state)   # the rank's own state shard in and out
+
+The collectives between segments go through the running rank's communicator
+(k3c.kernels.collectives.current): torch.distributed in a rank process, the simulator's in one.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+import torch
+
+from .. import backends
+from .. import passes as passes_mod
+from ..backends import artifact
+from ..compiler import capture_entries
+from ..errors import ArtifactError
+from ..kernels.collectives import using
+from ..passes.mesh import Mesh
+from ..passes.partition import partition
+from .comm import ShapeComm
+from .segments import plan_from_json, plan_to_json, run_plan, split
+
+MANIFEST = "mesh.json"
+
+
+def rank_graphs(model: torch.nn.Module, mesh: Mesh, rank: int, example_inputs: tuple,
+                steps: list | None = None) -> dict:
+    """Rank `rank`'s entries (prefill, decode) captured from its part of `model`, after `steps`."""
+    part = partition(model, mesh, rank)
+    with using(ShapeComm(rank)):
+        graphs = capture_entries(part, example_inputs)
+    return {e: passes_mod.run(g, steps) if steps is not None else g for e, g in graphs.items()}
+
+
+def compile_mesh(model: torch.nn.Module, backend: str, example_inputs: tuple, mesh: Mesh | str,
+                 out_dir: str | Path | None = None, passes: str | list[str] = "default", *,
+                 force: bool = False, **options) -> Path:
+    """Write one artifact per rank of `mesh` for `backend`, and the mesh manifest; returns the folder."""
+    mesh = Mesh.parse(mesh)
+    be = backends.get(backend, **options)
+    steps = passes_mod.for_backend(passes_mod.steps_of(passes), keep=getattr(be, "takes_whole", ()))
+    out = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix=f"k3c-mesh-{backend}-"))
+    out.mkdir(parents=True, exist_ok=True)
+    ranks = []
+    for r in range(mesh.world):
+        graphs = rank_graphs(model, mesh, r, example_inputs, steps)
+        entries, segments = {}, {}
+        for entry, g in graphs.items():
+            plan, segs = split(g, entry)
+            for s in segs.values():
+                passes_mod.legalize(s, be.supports)
+                backends.check_supported(be, s)
+            segments.update(segs)
+            entries[entry] = {"inputs": list(g.inputs), "outputs": [list(o) for o in g.outputs],
+                              "plan": plan_to_json(plan)}
+        artifact.write(be, segments, out / f"rank{r}", force=force)
+        ranks.append({"rank": r, "dir": f"rank{r}", "entries": entries})
+    manifest = {"mesh": mesh.to_json(), "backend": backend, "options": {k: str(v) for k, v in options.items()},
+                "model": getattr(model, "name", type(model).__name__), "ranks": ranks}
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=1))
+    return out
+
+
+def read_manifest(mesh_dir: str | Path) -> dict:
+    path = Path(mesh_dir) / MANIFEST
+    if not path.is_file():
+        raise ArtifactError(f"{mesh_dir} holds no mesh artifact ({MANIFEST} is missing): compile with mesh=...")
+    return json.loads(path.read_text())
+
+
+class RankModel:
+    """Rank `rank` of a mesh artifact: prefill and decode like a compiled model, on its shards."""
+
+    def __init__(self, mesh_dir: str | Path, rank: int, backend_options: dict | None = None):
+        self.manifest = m = read_manifest(mesh_dir)
+        self.mesh = Mesh(m["mesh"]["tp"], m["mesh"]["ep"])
+        if not 0 <= rank < self.mesh.world:
+            raise ArtifactError(f"{mesh_dir} is a mesh of {self.mesh.world} ranks; there is no rank {rank}")
+        self.rank, info = rank, m["ranks"][rank]
+        be = backends.get(m["backend"], **(backend_options or {}))
+        self.runner = be.load(Path(mesh_dir) / info["dir"])
+        self.entries = {e: (v["inputs"], [o[0] for o in v["outputs"]], [o[1] for o in v["outputs"]],
+                            plan_from_json(v["plan"])) for e, v in info["entries"].items()}
+        self.timings: dict[str, float] = {}
+
+    def _run(self, entry: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        names, _, values, plan = self.entries[entry]
+        return run_plan(plan, names, values, lambda e, xs: self.runner.run(e, *xs), inputs, self.timings)
+
+    def prefill(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        outs = self._run("prefill", [input_ids])
+        return outs[0], dict(zip(self.entries["prefill"][1][1:], outs[1:]))
+
+    def decode(self, input_ids: torch.Tensor, state: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict]:
+        names, out_names, _, _ = self.entries["decode"]
+        outs = self._run("decode", [input_ids] + [state[n] for n in names[1:]])
+        return outs[0], dict(zip(out_names[1:], outs[1:]))

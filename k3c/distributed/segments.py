@@ -69,6 +69,9 @@ def split(graph: Graph, entry: str) -> tuple[list[Segment | Node], dict[str, Gra
             [(o, o) for o in outs]
         g.meta = {**graph.meta, "entry": name, "segment_of": entry}
         g.prune_types()
+        used = {str(d) for t in g.types.values() for x in t.shape if not isinstance(x, int)
+                for d in getattr(x, "free_symbols", ())}
+        g.dims = {k: v for k, v in g.dims.items() if k in used}  # a segment binds only its own dims
         graphs[name] = g
         plan.append(Segment(name, ins, outs))
     return plan, graphs

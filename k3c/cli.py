@@ -104,6 +104,8 @@ def _cmd_diff(args: argparse.Namespace) -> int:
 
         check(args.stress)
     model = models.build(args.model)
+    if args.mesh:
+        return _diff_mesh(args, model, specs)
     report = diff(model, specs, seq_len=args.seq_len, batch=args.batch,
                   decode_steps=args.decode_steps, passes=args.pipeline, out_root=args.out,
                   bisect=not args.no_bisect, progress=lambda m: print(m, file=sys.stderr), stress=args.stress,
@@ -115,6 +117,27 @@ def _cmd_diff(args: argparse.Namespace) -> int:
     if args.json:
         write_json(report, args.json)
     return 0 if report.ok else 1
+
+
+def _diff_mesh(args: argparse.Namespace, model, specs) -> int:
+    from .distributed.diff import diff_mesh, format_report
+
+    report = diff_mesh(model, specs, args.mesh, seq_len=args.seq_len, batch=args.batch,
+                       decode_steps=args.decode_steps, out_root=args.out)
+    print(format_report(report))
+    if args.json:
+        _write_json(args.json, report)
+    return 0 if report["ok"] else 1
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from .plan import format_plan, plan
+
+    report = plan(args.model, args.mesh, args.seq_len)
+    print(format_plan(report))
+    if args.json:
+        _write_json(args.json, report)
+    return 0
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
@@ -261,7 +284,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--force", action="store_true", help="replace what --out holds, even other artifacts")
     s.add_argument("--no-bisect", action="store_true", help="do not look for the first differing node")
     s.add_argument("-v", "--verbose", action="store_true", help="one row per output and state tensor")
+    s.add_argument("--mesh", help="tp=N,ep=M: compile one artifact per rank, spawn the ranks (gloo on CPU)")
     s.set_defaults(func=_cmd_diff)
+
+    s = sub.add_parser("plan", help="per-rank weight and state bytes, and bytes sent per token, on a mesh")
+    s.add_argument("--model", required=True)
+    s.add_argument("--mesh", required=True, help="tp=N,ep=M")
+    s.add_argument("--seq-len", type=checks.count(1), default=4096)
+    s.add_argument("--json", help="write the plan as JSON to this file")
+    s.set_defaults(func=_cmd_plan)
 
     s = sub.add_parser("bench", help="time prefill and decode: eager, torch.compile and backends")
     s.add_argument("--model", required=True)

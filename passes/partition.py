@@ -33,6 +33,7 @@ import torch
 import torch.nn as nn
 
 from ..kernels import ops
+from ..kernels.collectives import current
 from ..models.common import GatedMLP, activate
 from ..models.kda_layer import KDAMixer
 from ..models.mla_layer import MLAMixer
@@ -42,7 +43,11 @@ from .mesh import Mesh, check_divides
 
 
 def _reduce(x: torch.Tensor, group: list[int]) -> torch.Tensor:
-    return ops.all_reduce(x, list(group)) if len(group) > 1 else x
+    if len(group) <= 1:
+        return x
+    if x.is_meta:  # meta tensors run only the op's fake: tell the communicator (k3c plan counts)
+        current("all_reduce").all_reduce(x, list(group))
+    return ops.all_reduce(x, list(group))
 
 
 class ReducedLinear(nn.Linear):
@@ -79,9 +84,10 @@ class ShardedMoE(MoE):
         if self.renormalize:
             w = w / (w.sum(-1, keepdim=True) + 1e-20)
         w = w * self.scaling
-        owned = (idx >= self.lo) & (idx < self.lo + self.n_local)
-        local = torch.where(owned, idx - self.lo, torch.zeros_like(idx))
-        w = torch.where(owned, w, torch.zeros_like(w))  # another rank's slot adds nothing here
+        local = idx - self.lo
+        below, above = local < 0, local > self.n_local - 1  # slots of another rank's experts ...
+        w = w.masked_fill(below, 0.0).masked_fill(above, 0.0)  # ... add nothing here
+        local = local.masked_fill(below, 0).masked_fill(above, 0)
         h = self.routed_expert_down_proj(x2) if hasattr(self, "routed_expert_down_proj") else x2
         ex = self.experts
         if isinstance(ex, MXFP4Experts):

@@ -190,19 +190,27 @@ class SimComm(_Counted):
 class ShapeComm(_Counted):
     """The communicator while a rank's model is captured: torch.export and the capture's own
     eager call need results of the right shapes only (they name outputs and make example
-    states), so each primitive answers from this rank alone. Never used to compute."""
+    states), so each primitive answers from this rank alone. Never used to compute. It counts
+    what a real rank would send for each call (on meta tensors too), which is how `k3c plan`
+    prices a mesh from the rank's eager model."""
 
     def __init__(self, rank: int):
         super().__init__()
         self.rank = rank
 
     def all_reduce(self, x, group):
+        if len(group) > 1:
+            self._count("all_reduce", x.nbytes, len(group))
         return x.clone()
 
     def all_gather(self, x, group, dim):
+        if len(group) > 1:
+            self._count("all_gather", x.nbytes, len(group))
         return torch.cat([x] * len(group), dim)
 
     def reduce_scatter(self, x, group, dim):
+        if len(group) > 1:
+            self._count("reduce_scatter", x.nbytes, len(group))
         return x.chunk(len(group), dim)[group.index(self.rank)].clone()
 
     def all_to_all(self, x, counts, group, received=None):

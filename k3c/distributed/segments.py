@@ -49,6 +49,8 @@ def split(graph: Graph, entry: str) -> tuple[list[Segment | Node], dict[str, Gra
         for n in (piece if isinstance(piece, list) else [piece]):
             needed.update(n.inputs)
     later.reverse()
+    producers = graph.producers()
+    fixed = _fixed_values(graph)
     plan: list[Segment | Node] = []
     graphs: dict[str, Graph] = {}
     for piece, after in zip(runs, later):
@@ -57,6 +59,17 @@ def split(graph: Graph, entry: str) -> tuple[list[Segment | Node], dict[str, Gra
             continue
         if not piece:
             continue
+        # a value made from weights alone (a constant, a folded scalar) is made again where it
+        # is read rather than handed across: it has no dims a segment could bind
+        need = [i for n in piece for i in n.inputs if i in fixed and i not in {o for m in piece for o in m.outputs}]
+        again: list[Node] = []
+        while need:
+            v = need.pop()
+            p = producers[v]
+            if p not in again:
+                again.append(p)
+                need += [i for i in p.inputs if i in fixed]
+        piece = [n for n in graph.nodes if n in again] + piece
         made = {o for n in piece for o in n.outputs}
         ins: list[str] = []
         for n in piece:
@@ -75,6 +88,15 @@ def split(graph: Graph, entry: str) -> tuple[list[Segment | Node], dict[str, Gra
         graphs[name] = g
         plan.append(Segment(name, ins, outs))
     return plan, graphs
+
+
+def _fixed_values(graph: Graph) -> set[str]:
+    """Values computed from weights and attributes only (no input, no collective upstream)."""
+    fixed: set[str] = set()
+    for n in graph.nodes:
+        if not is_collective(n) and all(i in fixed or i in graph.weights for i in n.inputs):
+            fixed.update(n.outputs)
+    return fixed
 
 
 def run_collective(node: Node, env: dict[str, torch.Tensor]) -> None:

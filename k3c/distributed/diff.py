@@ -1,0 +1,103 @@
+"""`k3c diff --mesh`: a model compiled per rank, run in spawned rank processes (gloo on CPU),
+compared with the one-process eager model: prefill logits on every rank, each decode step (the
+ranks fed their own state shards), and the state reassembled from the shards, under the fp32
+row of k3c/numerics.py. Also the simulator on the same artifacts (it must agree with the real
+run) and the bytes each rank sent.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from ..numerics import compare
+from ..passes.mesh import Mesh
+from .runner import RankModel, compile_mesh
+from .simulate import run_ranks
+from .spawn import spawn
+from .state import join_state
+
+
+def _worst(pairs) -> dict:
+    worst = {"max_abs_err": 0.0, "rel_rms_err": 0.0, "ok": True}
+    for actual, expected in pairs:
+        c = compare(actual, expected)
+        worst["max_abs_err"] = max(worst["max_abs_err"], c.max_abs_err)
+        worst["rel_rms_err"] = max(worst["rel_rms_err"], c.rel_rms_err)
+        worst["ok"] = worst["ok"] and c.ok
+    return worst
+
+
+def run_mesh(mesh_dir: Path, job: dict, world: int, simulate: bool = False, timeout_s: float = 120.0) -> list[dict]:
+    """The job on every rank: in rank processes, or (simulate) in this one."""
+    if not simulate:
+        return spawn(mesh_dir, job, world, timeout_s)
+
+    def one(r: int) -> dict:
+        rm = RankModel(mesh_dir, r)
+        with torch.no_grad():
+            logits, state = rm.prefill(job["input_ids"])
+            steps, s = [], state
+            for i in range(job["decode_ids"].shape[1]):
+                lo, s = rm.decode(job["decode_ids"][:, i:i + 1], s)
+                steps.append(lo)
+        return {"logits": logits, "state": state, "decode_logits": steps, "decode_state": s}
+    results, comms = run_ranks(one, world, timeout_s)
+    for res, c in zip(results, comms):
+        res["sent"], res["calls"] = dict(c.sent), dict(c.calls)
+    return results
+
+
+def compare_mesh(model: torch.nn.Module, results: list[dict], job: dict, mesh: Mesh) -> dict:
+    """Errors of a mesh run against the eager one-process model on the same job."""
+    with torch.no_grad():
+        logits, state = model.prefill(job["input_ids"])
+        steps, s = [], state
+        for i in range(job["decode_ids"].shape[1]):
+            lo, s = model.decode(job["decode_ids"][:, i:i + 1], s)
+            steps.append(lo)
+    joined, joined_dec = join_state([r["state"] for r in results], mesh), \
+        join_state([r["decode_state"] for r in results], mesh)
+    rows = {"prefill": _worst((r["logits"], logits) for r in results),
+            "decode": _worst((r["decode_logits"][i], steps[i]) for r in results for i in range(len(steps))),
+            "state": _worst([(joined[k], state[k]) for k in state] + [(joined_dec[k], s[k]) for k in s])}
+    return {**rows, "ok": all(v["ok"] for v in rows.values()),
+            "sent": [r["sent"] for r in results], "calls": [r["calls"] for r in results]}
+
+
+def diff_mesh(model: torch.nn.Module, backends: list[str], mesh: Mesh | str, *, seq_len: int = 16, batch: int = 2,
+              decode_steps: int = 2, out_root: str | Path | None = None, timeout_s: float = 120.0,
+              simulate: bool = False, seed: int = 0) -> dict:
+    """{"mesh": ..., "backends": {name: {"prefill", "decode", "state": {max_abs_err, rel_rms_err, ok},
+    "ok", "sent", "calls"}}}; artifacts in out_root (a temporary folder, removed, when None)."""
+    mesh = Mesh.parse(mesh)
+    g = torch.Generator().manual_seed(seed)
+    vocab = model.config.vocab_size
+    ids = torch.randint(0, vocab, (batch, seq_len + decode_steps), generator=g)
+    job = {"input_ids": ids[:, :seq_len], "decode_ids": ids[:, seq_len:]}
+    root = Path(out_root) if out_root is not None else Path(tempfile.mkdtemp(prefix="k3c-mesh-diff-"))
+    report = {"model": getattr(model, "name", type(model).__name__), "mesh": mesh.to_json(), "backends": {}}
+    try:
+        for b in backends:
+            d = compile_mesh(model, b, (job["input_ids"],), mesh, root / b.replace(":", "-"), force=True)
+            results = run_mesh(d, job, mesh.world, simulate, timeout_s)
+            report["backends"][b] = compare_mesh(model, results, job, mesh)
+    finally:
+        if out_root is None:
+            shutil.rmtree(root, ignore_errors=True)
+    report["ok"] = all(v["ok"] for v in report["backends"].values())
+    return report
+
+
+def format_report(report: dict) -> str:
+    lines = [f"{report['model']} on tp={report['mesh']['tp']}, ep={report['mesh']['ep']} "
+             f"({report['mesh']['world']} ranks) vs the one-process eager model"]
+    for b, v in report["backends"].items():
+        parts = [f"{k} {v[k]['max_abs_err']:.2e} / {v[k]['rel_rms_err']:.2e}" for k in ("prefill", "decode", "state")]
+        sent = sum(sum(s.values()) for s in v["sent"]) / len(v["sent"])
+        lines.append(f"  {b:10s} {'ok ' if v['ok'] else 'OFF'} max-abs / rel-rms: {', '.join(parts)}; "
+                     f"{sent / 1e3:.1f} kB sent per rank")
+    return "\n".join(lines)

@@ -108,7 +108,8 @@ def prepare(graphs: dict[str, Graph], be, passes: str | list[str] = "default",
 
 def compile(model: torch.nn.Module, backend: str, example_inputs: tuple, out_dir: str | Path | None = None,
             passes: str | list[str] = "default", *, dynamic: bool = True, verbose: bool = False,
-            pass_options: dict | None = None, force: bool = False, **options) -> CompiledModel:
+            pass_options: dict | None = None, force: bool = False, mesh: str | None = None,
+            **options) -> CompiledModel:
     """Compile `model` for `backend` ("reference", "onnx", "tvm", "triton").
 
     Writes the artifact to `out_dir` (a new temporary folder when None) and returns a
@@ -121,6 +122,10 @@ def compile(model: torch.nn.Module, backend: str, example_inputs: tuple, out_dir
     """
     if not isinstance(example_inputs, tuple):
         example_inputs = (example_inputs,)
+    if mesh is not None:  # one artifact per rank (k3c.distributed.runner); returns their folder
+        from .distributed.runner import compile_mesh
+
+        return compile_mesh(model, backend, example_inputs, mesh, out_dir, passes, force=force, **options)
     be = backends.get(backend, **{**options.pop("backend_options", {}), **options})
     if out_dir is not None:  # before the slow part: a target that may not be replaced fails now
         artifact.check_target(out_dir, backend=be.name, model=getattr(model, "name", type(model).__name__),

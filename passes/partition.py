@@ -84,7 +84,7 @@ class ShardedMoE(MoE):
         if self.renormalize:
             w = w / (w.sum(-1, keepdim=True) + 1e-20)
         w = w * self.scaling
-        local = idx - self.lo
+        local = idx - self.expert_lo  # a buffer, not a constant: every rank's graph is one capture
         below, above = local < 0, local > self.n_local - 1  # slots of another rank's experts ...
         w = w.masked_fill(below, 0.0).masked_fill(above, 0.0)  # ... add nothing here
         local = local.masked_fill(below, 0).masked_fill(above, 0)
@@ -183,6 +183,8 @@ def _moe(m: MoE, mesh: Mesh, e: int, t: int) -> None:
         per = b.shape[2] // mesh.tp  # w2's last dim is I (or I/2 packed, I/32 scales)
         setattr(ex, w2, nn.Parameter(b[:, :, t * per:(t + 1) * per].clone(), requires_grad=False))
     m.I, m.lo, m.n_local, m.group = i, lo, n, list(range(mesh.world))
+    m.register_buffer("expert_lo", torch.tensor(lo, dtype=torch.int64, device=ex.w2.device
+                                                if hasattr(ex, "w2") else ex.w2_packed.device))
     m.__class__ = ShardedMoE
     if hasattr(m, "shared_experts"):
         _mlp(m.shared_experts, t, mesh.tp, mesh.tp_group(e * mesh.tp + t))

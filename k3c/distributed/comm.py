@@ -58,6 +58,10 @@ class TorchComm(_Counted):
                 self.groups[key] = dist.new_group(list(key))
 
     def _pg(self, group: list[int]):
+        if list(group) == list(range(self.dist.get_world_size())):
+            return None  # the default group: the world
+        if tuple(group) not in self.groups:
+            raise RuntimeError(f"rank {self.rank}: no process group {list(group)} (the mesh made {list(self.groups)})")
         return self.groups[tuple(group)]
 
     def all_reduce(self, x, group):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -22,24 +23,36 @@ import torch
 from .. import backends
 from .. import passes as passes_mod
 from ..backends import artifact
-from ..compiler import capture_entries
+from ..compiler import capture_entries, rebind_weights
 from ..errors import ArtifactError
+from ..ir import Graph
 from ..kernels.collectives import using
 from ..passes.mesh import Mesh
 from ..passes.partition import partition
 from .comm import ShapeComm
-from .segments import plan_from_json, plan_to_json, run_plan, split
+from .segments import is_collective, plan_from_json, plan_to_json, run_plan, split
 
 MANIFEST = "mesh.json"
 
 
-def rank_graphs(model: torch.nn.Module, mesh: Mesh, rank: int, example_inputs: tuple,
-                steps: list | None = None) -> dict:
-    """Rank `rank`'s entries (prefill, decode) captured from its part of `model`, after `steps`."""
-    part = partition(model, mesh, rank)
-    with using(ShapeComm(rank)):
-        graphs = capture_entries(part, example_inputs)
-    return {e: passes_mod.run(g, steps) if steps is not None else g for e, g in graphs.items()}
+def rank_graphs(model: torch.nn.Module, mesh: Mesh, example_inputs: tuple) -> Iterator[dict[str, Graph]]:
+    """Every rank's entries (prefill, decode), in rank order. The parts differ only in their
+    weights (even splits, the expert offset a buffer) and in which ranks their collectives
+    name, so rank 0's part is captured once and each rank's graphs are those with its own
+    weights bound and its groups put in: rank 0's tp group becomes the rank's tp group, its
+    ep group the rank's ep group (the world stays the world)."""
+    with using(ShapeComm(0)):
+        first = capture_entries(partition(model, mesh, 0), example_inputs)
+    world = list(range(mesh.world))
+    for r in range(mesh.world):
+        graphs = rebind_weights(first, partition(model, mesh, r)) if r else first
+        names = {tuple(mesh.tp_group(0)): mesh.tp_group(r), tuple(mesh.ep_group(0)): mesh.ep_group(r),
+                 tuple(world): world}
+        for g in graphs.values():
+            for n in g.nodes:
+                if "group" in n.attrs and is_collective(n):
+                    n.attrs = {**n.attrs, "group": list(names[tuple(n.attrs["group"])])}
+        yield graphs
 
 
 def compile_mesh(model: torch.nn.Module, backend: str, example_inputs: tuple, mesh: Mesh | str,
@@ -52,10 +65,10 @@ def compile_mesh(model: torch.nn.Module, backend: str, example_inputs: tuple, me
     out = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix=f"k3c-mesh-{backend}-"))
     out.mkdir(parents=True, exist_ok=True)
     ranks = []
-    for r in range(mesh.world):
-        graphs = rank_graphs(model, mesh, r, example_inputs, steps)
+    for r, graphs in enumerate(rank_graphs(model, mesh, example_inputs)):
         entries, segments = {}, {}
         for entry, g in graphs.items():
+            g = passes_mod.run(g, steps)
             plan, segs = split(g, entry)
             for s in segs.values():
                 passes_mod.legalize(s, be.supports)

@@ -3,7 +3,8 @@ spawned by k3c.distributed.spawn) joins the ranks through torch.distributed (glo
 loads its rank's artifact and runs the job: prefill, then decode steps fed its own state shard.
 
 JOB is a torch.save'd dict {"input_ids": [B, T], "decode_ids": [B, n]}; OUT/rank{r}.pt gets
-{"logits", "state", "decode_logits": [...], "decode_state", "sent", "calls", "timings"}.
+{"logits", "state", "decode_logits": [...], "decode_state", "sent", "calls", "timings"}
+(seconds of prefill and decode, and of each the part in segments and in collectives).
 RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT come from the environment (as torchrun sets them);
 K3C_TIMEOUT_S bounds the rendezvous and every collective.
 """
@@ -41,6 +42,8 @@ def main(argv: list[str]) -> int:
             t0 = time.perf_counter()
             logits, state = model.prefill(job["input_ids"])
             prefill_s = time.perf_counter() - t0
+            prefill_parts = dict(model.timings)
+            model.timings.clear()
             steps, s = [], state
             t0 = time.perf_counter()
             for i in range(job["decode_ids"].shape[1]):
@@ -49,7 +52,8 @@ def main(argv: list[str]) -> int:
             decode_s = time.perf_counter() - t0
         result = {"logits": logits, "state": state, "decode_logits": steps, "decode_state": s,
                   "sent": dict(comm.sent), "calls": dict(comm.calls),
-                  "timings": {**model.timings, "prefill": prefill_s, "decode": decode_s}}
+                  "timings": {"prefill": prefill_s, "decode": decode_s,
+                              "prefill_parts": prefill_parts, "decode_parts": dict(model.timings)}}
         torch.save(result, Path(out) / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()

@@ -1,0 +1,80 @@
+"""One process vs a mesh of two (tp=2, then ep=2): prefill of T tokens and N decode steps of
+k3-small, every configuration spawned the same way (k3c.distributed.spawn, gloo on CPU, one
+thread per rank), side by side in one run.
+
+    python benchmarks/bench_mesh.py                              # k3-small, T = 1024, 64 steps, onnx
+    python benchmarks/bench_mesh.py --model k3-tiny --prefill 64 --decode 8 --backend reference
+
+Per configuration: the seconds of prefill and of the decode loop on rank 0 (no warm-up: the
+first call of each segment pays its session's start-up, alike in every configuration), the share of each spent in collectives (which includes
+waiting for the slower rank), the bytes rank 0 sent, and the bytes `k3c plan` predicts for the
+same model, mesh and lengths. The logits of each run are compared with the eager model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import tempfile
+from pathlib import Path
+
+import torch
+
+from k3c import models
+from k3c.distributed.diff import compare_mesh
+from k3c.distributed.runner import compile_mesh
+from k3c.distributed.spawn import spawn
+from k3c.passes.mesh import Mesh
+from k3c.plan import plan
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="k3-small")
+    ap.add_argument("--backend", default="onnx")
+    ap.add_argument("--prefill", type=int, default=1024)
+    ap.add_argument("--decode", type=int, default=64)
+    ap.add_argument("--meshes", default="tp=1;tp=2;ep=2")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    model = models.build(args.model).eval()
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, model.config.vocab_size, (1, args.prefill + args.decode), generator=g)
+    job = {"input_ids": ids[:, :args.prefill], "decode_ids": ids[:, args.prefill:]}
+    rows = []
+    root = Path(tempfile.mkdtemp(prefix="k3c-bench-mesh-"))
+    for text in args.meshes.split(";"):
+        mesh = Mesh.parse(text)
+        d = compile_mesh(model, args.backend, (job["input_ids"][:, :16],), mesh, root / text.replace(",", "_"))
+        res = spawn(d, job, mesh.world, timeout_s=3600)
+        check = compare_mesh(model, res, job, mesh)
+        t = res[0]["timings"]
+        coll = t["prefill_parts"].get("collectives", 0.0), t["decode_parts"].get("collectives", 0.0)
+        p = plan(args.model, mesh, args.prefill, model=model) if mesh.world > 1 else None
+        predicted = 0.0 if p is None else sum(
+            v["bytes"] * args.prefill for v in p["per_token"]["prefill"].values()) + sum(
+            v["bytes"] * args.decode for v in p["per_token"]["decode"].values())
+        row = {"mesh": str(mesh), "ranks": mesh.world, "prefill_s": t["prefill"], "decode_s": t["decode"],
+               "prefill_collective_share": coll[0] / t["prefill"], "decode_collective_share": coll[1] / t["decode"],
+               "bytes_sent": sum(res[0]["sent"].values()), "bytes_planned": predicted,
+               "collectives": res[0]["calls"], "ok": check["ok"],
+               "max_abs_err": max(check[k]["max_abs_err"] for k in ("prefill", "decode", "state"))}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    print(f"\n{args.model} {args.backend}, T = {args.prefill}, {args.decode} decode steps, "
+          f"{os.cpu_count()} CPUs ({platform.processor() or platform.machine()}), one thread per rank")
+    print("| mesh | ranks | prefill s | in collectives | decode s | in collectives | bytes sent (rank 0) "
+          "| bytes planned | max abs err vs eager |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['mesh']} | {r['ranks']} | {r['prefill_s']:.2f} | {100 * r['prefill_collective_share']:.1f}% "
+              f"| {r['decode_s']:.2f} | {100 * r['decode_collective_share']:.1f}% | {r['bytes_sent'] / 1e6:.2f} MB "
+              f"| {r['bytes_planned'] / 1e6:.2f} MB | {r['max_abs_err']:.1e} |")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()

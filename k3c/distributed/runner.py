@@ -14,8 +14,10 @@ The collectives between segments go through the running rank's communicator
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -65,23 +67,45 @@ def compile_mesh(model: torch.nn.Module, backend: str, example_inputs: tuple, me
     out = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix=f"k3c-mesh-{backend}-"))
     out.mkdir(parents=True, exist_ok=True)
     ranks = []
-    for r, graphs in enumerate(rank_graphs(model, mesh, example_inputs)):
-        entries, segments = {}, {}
-        for entry, g in graphs.items():
-            g = passes_mod.run(g, steps)
-            plan, segs = split(g, entry)
-            for s in segs.values():
-                passes_mod.legalize(s, be.supports)
-                backends.check_supported(be, s)
-            segments.update(segs)
-            entries[entry] = {"inputs": list(g.inputs), "outputs": [list(o) for o in g.outputs],
-                              "plan": plan_to_json(plan)}
-        artifact.write(be, segments, out / f"rank{r}", force=force)
-        ranks.append({"rank": r, "dir": f"rank{r}", "entries": entries})
+    with _shared_builds():
+        for r, graphs in enumerate(rank_graphs(model, mesh, example_inputs)):
+            ranks.append(_write_rank(be, steps, r, graphs, out, force))
     manifest = {"mesh": mesh.to_json(), "backend": backend, "options": {k: str(v) for k, v in options.items()},
                 "model": getattr(model, "name", type(model).__name__), "ranks": ranks}
     (out / MANIFEST).write_text(json.dumps(manifest, indent=1))
     return out
+
+
+@contextmanager
+def _shared_builds() -> Iterator[None]:
+    """The ranks' segments are the same graphs with other weights: a backend that caches its
+    builds by graph (tvm, under K3C_CACHE_DIR) builds each once for the mesh, in a cache of the
+    caller's or, without one, a temporary one."""
+    if os.environ.get("K3C_CACHE_DIR"):
+        yield
+        return
+    with tempfile.TemporaryDirectory(prefix="k3c-mesh-cache-") as tmp:
+        os.environ["K3C_CACHE_DIR"] = tmp
+        try:
+            yield
+        finally:
+            del os.environ["K3C_CACHE_DIR"]
+
+
+def _write_rank(be, steps: list, r: int, graphs: dict[str, Graph], out: Path, force: bool) -> dict:
+    """Rank r's artifact: its entries cut into segments, each legalized and lowered."""
+    entries, segments = {}, {}
+    for entry, g in graphs.items():
+        g = passes_mod.run(g, steps)
+        plan, segs = split(g, entry)
+        for s in segs.values():
+            passes_mod.legalize(s, be.supports)
+            backends.check_supported(be, s)
+        segments.update(segs)
+        entries[entry] = {"inputs": list(g.inputs), "outputs": [list(o) for o in g.outputs],
+                          "plan": plan_to_json(plan)}
+    artifact.write(be, segments, out / f"rank{r}", force=force)
+    return {"rank": r, "dir": f"rank{r}", "entries": entries}
 
 
 def read_manifest(mesh_dir: str | Path) -> dict:

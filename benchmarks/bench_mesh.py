@@ -8,7 +8,8 @@ thread per rank), side by side in one run.
 Per configuration: the seconds of prefill and of the decode loop on rank 0 (no warm-up: the
 first call of each segment pays its session's start-up, alike in every configuration), the
 share of each spent in collectives (which includes waiting for the slower rank), the bytes
-rank 0 sent, and the bytes `k3c plan` predicts for the same model, mesh and lengths. The logits of each run are compared with the eager model.
+rank 0 sent, and the bytes `k3c plan` predicts for the same model, mesh and lengths. The
+logits of each run are compared with the eager model.
 """
 
 from __future__ import annotations

@@ -23,19 +23,20 @@ def main(argv: list[str]) -> int:
     import torch.distributed as dist
 
     from .comm import TorchComm, init_process_group
-    from .runner import RankModel
+    from .runner import RankModel, read_manifest
 
     mesh_dir, job_file, out = argv
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     timeout = float(os.environ.get("K3C_TIMEOUT_S", "60"))
+    size = read_manifest(mesh_dir)["mesh"]["world"]
+    if size != world:  # before the rendezvous: every rank fails at once, none waits
+        print(f"rank {rank}: the artifact is a mesh of {size} ranks, the launch has {world}", file=sys.stderr)
+        return 1
     init_process_group(rank, world, "env://", timeout)
     try:
         from ..kernels.collectives import using
 
         model = RankModel(mesh_dir, rank)
-        if model.mesh.world != world:
-            raise SystemExit(f"rank {rank}: the artifact is a mesh of {model.mesh.world} ranks, "
-                             f"the launch has {world}")
         comm = TorchComm(model.mesh.groups())
         job = torch.load(job_file)
         with using(comm), torch.no_grad():

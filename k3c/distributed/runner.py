@@ -59,8 +59,10 @@ def rank_graphs(model: torch.nn.Module, mesh: Mesh, example_inputs: tuple) -> It
 
 def compile_mesh(model: torch.nn.Module, backend: str, example_inputs: tuple, mesh: Mesh | str,
                  out_dir: str | Path | None = None, passes: str | list[str] = "default", *,
-                 force: bool = False, **options) -> Path:
-    """Write one artifact per rank of `mesh` for `backend`, and the mesh manifest; returns the folder."""
+                 force: bool = False, captured: list[dict[str, Graph]] | None = None, **options) -> Path:
+    """Write one artifact per rank of `mesh` for `backend`, and the mesh manifest; returns the
+    folder. `captured`: the ranks' graphs from `rank_graphs` (the same for every backend), to
+    compile one capture for several backends."""
     mesh = Mesh.parse(mesh)
     be = backends.get(backend, **options)
     steps = passes_mod.for_backend(passes_mod.steps_of(passes), keep=getattr(be, "takes_whole", ()))
@@ -68,7 +70,7 @@ def compile_mesh(model: torch.nn.Module, backend: str, example_inputs: tuple, me
     out.mkdir(parents=True, exist_ok=True)
     ranks = []
     with _shared_builds():
-        for r, graphs in enumerate(rank_graphs(model, mesh, example_inputs)):
+        for r, graphs in enumerate(captured if captured is not None else rank_graphs(model, mesh, example_inputs)):
             ranks.append(_write_rank(be, steps, r, graphs, out, force))
     manifest = {"mesh": mesh.to_json(), "backend": backend, "options": {k: str(v) for k, v in options.items()},
                 "model": getattr(model, "name", type(model).__name__), "ranks": ranks}

@@ -1,5 +1,7 @@
-"""Tensor and expert parallelism: the partition against the one-process eager model, the
-simulator against real rank processes (gloo), and the bytes a run sends against `k3c plan`."""
+"""Tensor and expert parallelism: the partition against the one-process eager model, per-rank
+artifacts (reference, onnx, tvm) in gloo rank processes and in the simulator, the simulator
+against the real run, and the bytes a run sends against `k3c plan`. One capture of the
+tp=2 x ep=2 ranks serves every backend."""
 
 from __future__ import annotations
 
@@ -8,15 +10,17 @@ import torch
 
 from k3c import models
 from k3c.distributed.diff import compare_mesh, run_mesh
-from k3c.distributed.runner import compile_mesh
+from k3c.distributed.runner import compile_mesh, rank_graphs
 from k3c.distributed.simulate import RankError, run_ranks
+from k3c.distributed.spawn import spawn
 from k3c.errors import UsageError
 from k3c.passes.mesh import Mesh
 from k3c.passes.partition import partition
 from k3c.plan import plan
 
-SMALL = {"num_layers": 2, "mla_layers": (2,)}  # one KDA layer (dense MLP), one MLA layer (MoE)
+SMALL = {"num_layers": 2, "mla_layers": (2,)}  # a KDA layer (dense MLP), an MLA layer (MoE)
 T, STEPS, B = 8, 2, 2
+MESH = Mesh.parse("tp=2,ep=2")
 
 
 def _job(seed=0):
@@ -31,10 +35,16 @@ def k3():
 
 
 @pytest.fixture(scope="module")
-def tp2_reference(k3, tmp_path_factory):
-    job = _job()
-    d = compile_mesh(k3, "reference", (job["input_ids"],), "tp=2", tmp_path_factory.mktemp("tp2"))
-    return d, job
+def mesh_dir(k3, tmp_path_factory):
+    """backend -> the tp=2 x ep=2 artifact of k3 (compiled on first use, from one capture)."""
+    captured = list(rank_graphs(k3, MESH, (_job()["input_ids"],)))
+    made = {}
+
+    def get(backend):
+        if backend not in made:
+            made[backend] = compile_mesh(k3, backend, (), MESH, tmp_path_factory.mktemp(backend), captured=captured)
+        return made[backend]
+    return get
 
 
 def test_mesh_errors(k3):
@@ -49,7 +59,8 @@ def test_mesh_errors(k3):
 @pytest.mark.parametrize("name", ["k3-tiny", "kimi-linear-tiny"])
 @pytest.mark.parametrize("mesh", ["tp=2", "ep=2", "tp=2,ep=2"])
 def test_partitioned_eager_matches_one_process(name, mesh):
-    """Each rank's eager part, run in the simulator, against the whole model (fp32 row)."""
+    """Each rank's eager part, all run in the simulator, against the whole model (fp32 row),
+    decode fed each rank's own state shard; the state joined from the shards."""
     model = models.build(name, **SMALL).eval()
     m, job = Mesh.parse(mesh), _job()
 
@@ -65,41 +76,68 @@ def test_partitioned_eager_matches_one_process(name, mesh):
     assert report["ok"], report
 
 
-def test_simulator_agrees_with_rank_processes_and_plan(k3, tp2_reference):
-    d, job = tp2_reference
-    sim = run_mesh(d, job, 2, simulate=True)
-    real = run_mesh(d, job, 2, simulate=False, timeout_s=120)
-    report = compare_mesh(k3, real, job, Mesh.parse("tp=2"))
+def test_rank_processes_agree_with_simulator_eager_and_plan(k3, mesh_dir):
+    d, job = mesh_dir("reference"), _job()
+    real = run_mesh(d, job, MESH.world, simulate=False, timeout_s=120)
+    report = compare_mesh(k3, real, job, MESH)
     assert report["ok"], report
+    sim = run_mesh(d, job, MESH.world, simulate=True)
     for s, r in zip(sim, real):
         torch.testing.assert_close(s["logits"], r["logits"], rtol=0, atol=1e-5)
+        torch.testing.assert_close(s["decode_logits"], r["decode_logits"], rtol=0, atol=1e-5)
         assert s["sent"] == r["sent"] and s["calls"] == r["calls"]
-    # the bytes counted from the tensors torch.distributed was handed, against the plan (the
-    # rank's eager model on meta tensors, counted by a communicator that only counts)
-    p = plan("k3-tiny", "tp=2", T, model=k3, batch=B)
+    # bytes counted from the tensors torch.distributed was handed, against the plan (the rank's
+    # eager model on meta tensors under a communicator that only counts)
+    p = plan("k3-tiny", MESH, T, model=k3, batch=B)
     pre, dec = p["per_token"]["prefill"]["all_reduce"], p["per_token"]["decode"]["all_reduce"]
-    assert real[0]["sent"]["all_reduce"] == pytest.approx(pre["bytes"] * B * T + dec["bytes"] * B * STEPS)
-    assert real[0]["calls"]["all_reduce"] == pre["count"] + dec["count"] * STEPS
+    for r in real:
+        assert r["sent"]["all_reduce"] == pytest.approx(pre["bytes"] * B * T + dec["bytes"] * B * STEPS)
+        assert r["calls"]["all_reduce"] == pre["count"] + dec["count"] * STEPS
 
 
-def test_dead_rank_is_reported(tp2_reference, tmp_path):
-    d, job = tp2_reference
-    bad = {"input_ids": job["input_ids"][:, :0], "decode_ids": job["decode_ids"]}  # rank sees an empty prompt
-    with pytest.raises(RankError, match="rank"):
-        run_mesh(d, bad, 2, simulate=False, timeout_s=60)
-
-
-@pytest.mark.parametrize("backend", ["onnx"])
-def test_backend_segments_tp2(k3, backend, tmp_path):
+def test_onnx_simulated(k3, mesh_dir):
+    """The ONNX rank artifacts (the simulator stands for the processes: the test above shows
+    it agrees with them)."""
     job = _job(1)
-    d = compile_mesh(k3, backend, (job["input_ids"],), "tp=2", tmp_path / backend)
-    report = compare_mesh(k3, run_mesh(d, job, 2, simulate=False, timeout_s=120), job, Mesh.parse("tp=2"))
+    report = compare_mesh(k3, run_mesh(mesh_dir("onnx"), job, MESH.world, simulate=True), job, MESH)
     assert report["ok"], report
 
 
-def test_plan_k3_release():
-    p = plan("k3", "tp=8,ep=8", 4096)
-    assert len(p["ranks"]) == 64
-    # the per-rank weights are the release bytes split: at least 1/64 of the whole
-    assert p["ranks"][0]["weight_bytes"] * 64 >= 1.4 * 2**40
-    assert p["moe_combine"]["chosen"] in ("all_reduce", "all_to_all")
+def test_tvm_simulated(tmp_path):
+    """TVM's build dominates: one layer (KDA and a MoE, so both groups' collectives), built
+    once for the four ranks (their segments are the same graphs)."""
+    model = models.build("k3-tiny", num_layers=1, mla_layers=(), first_k_dense=0).eval()
+    job = _job(2)
+    d = compile_mesh(model, "tvm", (job["input_ids"],), MESH, tmp_path)
+    report = compare_mesh(model, run_mesh(d, job, MESH.world, simulate=True), job, MESH)
+    assert report["ok"], report
+
+
+def test_kimi_linear_artifacts_simulated(tmp_path):
+    model = models.build("kimi-linear-tiny", **SMALL).eval()
+    job = _job(3)
+    d = compile_mesh(model, "reference", (job["input_ids"],), MESH, tmp_path)
+    report = compare_mesh(model, run_mesh(d, job, MESH.world, simulate=True), job, MESH)
+    assert report["ok"], report
+
+
+def test_dead_rank_is_reported(mesh_dir):
+    """Two processes for a four-rank artifact: each rank exits with an error, which is named."""
+    with pytest.raises(RankError, match="rank [01] exited with status 1: .*a mesh of 4 ranks, the launch has 2"):
+        spawn(mesh_dir("reference"), _job(), 2, timeout_s=60)
+
+
+def test_plan_release_bytes():
+    """kimi-linear as released (BF16) on tp=4 x ep=8: the per-rank weights against the model's
+    own release bytes, split as the partition says (heads and widths over tp, experts over
+    all 32 ranks, the rest replicated)."""
+    from k3c.models.weight_bytes import weight_bytes
+
+    p = plan("kimi-linear", "tp=4,ep=8", 64)
+    assert len(p["ranks"]) == 32 and p["mesh"] == {"tp": 4, "ep": 8, "world": 32}
+    total = weight_bytes(models.build("kimi-linear", dtype=torch.bfloat16))["total"]
+    assert total / 32 < p["ranks"][0]["weight_bytes"] < total / 4
+    cfg = models.build("kimi-linear").config
+    moe_layers = cfg.num_layers - cfg.first_k_dense
+    # per pass: one all-reduce per mixer and dense MLP, two per MoE layer (routed, shared)
+    assert p["per_token"]["decode"]["all_reduce"]["count"] == cfg.num_layers + cfg.first_k_dense + 2 * moe_layers

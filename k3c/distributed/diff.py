@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import shutil
 import tempfile
+import threading
 from pathlib import Path
 
 import torch
@@ -40,8 +41,10 @@ def run_mesh(mesh_dir: Path, job: dict, world: int, simulate: bool = False, time
     if not simulate:
         return spawn(mesh_dir, job, world, timeout_s)
 
+    lock = threading.Lock()
+
     def one(r: int) -> dict:
-        rm = RankModel(mesh_dir, r)
+        rm = RankModel(mesh_dir, r, lock=lock)
         with torch.no_grad():
             logits, state = rm.prefill(job["input_ids"])
             steps, s = [], state

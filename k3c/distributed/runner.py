@@ -13,6 +13,7 @@ The collectives between segments go through the running rank's communicator
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
@@ -120,7 +121,7 @@ def read_manifest(mesh_dir: str | Path) -> dict:
 class RankModel:
     """Rank `rank` of a mesh artifact: prefill and decode like a compiled model, on its shards."""
 
-    def __init__(self, mesh_dir: str | Path, rank: int, backend_options: dict | None = None):
+    def __init__(self, mesh_dir: str | Path, rank: int, backend_options: dict | None = None, lock=None):
         self.manifest = m = read_manifest(mesh_dir)
         self.mesh = Mesh(m["mesh"]["tp"], m["mesh"]["ep"])
         if not 0 <= rank < self.mesh.world:
@@ -131,10 +132,17 @@ class RankModel:
         self.entries = {e: (v["inputs"], [o[0] for o in v["outputs"]], [o[1] for o in v["outputs"]],
                             plan_from_json(v["plan"])) for e, v in info["entries"].items()}
         self.timings: dict[str, float] = {}
+        # simulated ranks share a process: their segments take turns (the Triton interpreter,
+        # for one, keeps global state), while the collectives between them run concurrently
+        self.lock = lock or contextlib.nullcontext()
+
+    def _segment(self, entry: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        with self.lock:
+            return self.runner.run(entry, *inputs)
 
     def _run(self, entry: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         names, _, values, plan = self.entries[entry]
-        return run_plan(plan, names, values, lambda e, xs: self.runner.run(e, *xs), inputs, self.timings)
+        return run_plan(plan, names, values, self._segment, inputs, self.timings)
 
     def prefill(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         outs = self._run("prefill", [input_ids])

@@ -103,12 +103,19 @@ def test_onnx_simulated(k3, mesh_dir):
     assert report["ok"], report
 
 
-def test_tvm_simulated(tmp_path):
-    """TVM's build dominates: one layer (KDA and a MoE, so both groups' collectives), built
-    once for the four ranks (their segments are the same graphs)."""
+@pytest.fixture(scope="module")
+def one_layer():
+    """One layer (KDA and a MoE, so both groups' collectives), captured once, for the
+    backends whose builds or kernels cost most (tvm builds it once for the four ranks)."""
     model = models.build("k3-tiny", num_layers=1, mla_layers=(), first_k_dense=0).eval()
+    return model, list(rank_graphs(model, MESH, (_job()["input_ids"],)))
+
+
+@pytest.mark.parametrize("backend", ["tvm", "triton"])
+def test_one_layer_simulated(one_layer, backend, tmp_path):
+    model, captured = one_layer
     job = _job(2)
-    d = compile_mesh(model, "tvm", (job["input_ids"],), MESH, tmp_path)
+    d = compile_mesh(model, backend, (), MESH, tmp_path, captured=captured)
     report = compare_mesh(model, run_mesh(d, job, MESH.world, simulate=True), job, MESH)
     assert report["ok"], report
 

@@ -19,7 +19,9 @@ from k3c.ir import OPS, InputError
 
 def test_every_op_has_a_lowering_or_a_decomposition():
     table = L.load("triton")
-    missing = [op for op in OPS if op not in table and OPS[op].decompose is None]
+    # collectives run between a rank's segments (k3c.distributed), never inside a backend's graph
+    missing = [op for op in OPS if op not in table and OPS[op].decompose is None
+               and "collective" not in OPS[op].families]
     assert not missing, f"ops with neither a Triton lowering nor a decomposition: {missing}"
 
 

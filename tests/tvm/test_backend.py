@@ -156,4 +156,6 @@ def test_every_ir_op_has_a_tvm_lowering_or_a_decomposition():
     from k3c.backends import tables
 
     table = tables.load("tvm")
-    assert sorted(op for op in OPS if op not in table and OPS[op].decompose is None) == []
+    # collectives run between a rank's segments (k3c.distributed), never inside a backend's graph
+    assert sorted(op for op in OPS if op not in table and OPS[op].decompose is None
+                  and "collective" not in OPS[op].families) == []

@@ -65,6 +65,9 @@ def compile_mesh(model: torch.nn.Module, backend: str, example_inputs: tuple, me
     folder. `captured`: the ranks' graphs from `rank_graphs` (the same for every backend), to
     compile one capture for several backends."""
     mesh = Mesh.parse(mesh)
+    backend, _, flavour = backend.partition(":")  # onnx:ort, as k3c diff names a flavour
+    if flavour:
+        options = {"flavour": flavour, **options}
     be = backends.get(backend, **options)
     steps = passes_mod.for_backend(passes_mod.steps_of(passes), keep=getattr(be, "takes_whole", ()))
     out = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix=f"k3c-mesh-{backend}-"))
@@ -73,7 +76,8 @@ def compile_mesh(model: torch.nn.Module, backend: str, example_inputs: tuple, me
     with _shared_builds():
         for r, graphs in enumerate(captured if captured is not None else rank_graphs(model, mesh, example_inputs)):
             ranks.append(_write_rank(be, steps, r, graphs, out, force))
-    manifest = {"mesh": mesh.to_json(), "backend": backend, "options": {k: str(v) for k, v in options.items()},
+    manifest = {"mesh": mesh.to_json(), "backend": backend,
+                "options": {k: v for k, v in options.items() if isinstance(v, (str, int, float, bool))},
                 "model": getattr(model, "name", type(model).__name__), "ranks": ranks}
     (out / MANIFEST).write_text(json.dumps(manifest, indent=1))
     return out
@@ -127,7 +131,7 @@ class RankModel:
         if not 0 <= rank < self.mesh.world:
             raise ArtifactError(f"{mesh_dir} is a mesh of {self.mesh.world} ranks; there is no rank {rank}")
         self.rank, info = rank, m["ranks"][rank]
-        be = backends.get(m["backend"], **(backend_options or {}))
+        be = backends.get(m["backend"], **{**m.get("options", {}), **(backend_options or {})})
         self.runner = be.load(Path(mesh_dir) / info["dir"])
         self.entries = {e: (v["inputs"], [o[0] for o in v["outputs"]], [o[1] for o in v["outputs"]],
                             plan_from_json(v["plan"])) for e, v in info["entries"].items()}

@@ -120,7 +120,7 @@ def _cmd_compile_all(args: argparse.Namespace) -> int:
 
     model = models.build(args.model)
     names = _backend_list(args.backend)
-    report = diff(model, names, seq_len=args.seq_len, decode_steps=4, passes=args.pipeline,
+    report = diff(model, names, seq_len=args.seq_len or 130, decode_steps=4, passes=args.pipeline,
                   out_root=args.out, progress=lambda m: print(m, file=sys.stderr))
     rows = [("backend", "artifact", "compile s", "max_abs_err", "rel_rms_err", "ok", "warm prefill vs eager")]
     for b in report.backends.values():
@@ -128,7 +128,7 @@ def _cmd_compile_all(args: argparse.Namespace) -> int:
         status = "yes" if b.ok else "NO" + (f" ({b.error.splitlines()[0][:90]})" if b.error else "")
         rows.append((b.backend, b.artifact, f"{b.compile_seconds:.1f}", f"{b.max_abs_err:.1e}",
                      f"{b.rel_rms_err:.1e}", status, speed))
-    print(f"{report.model}: prefill T={args.seq_len}, B=2, 4 decode steps, each backend against eager PyTorch")
+    print(f"{report.model}: prefill T={args.seq_len or 130}, B=2, 4 decode steps, each backend against eager PyTorch")
     print(format_table(rows))
     if "triton" in report.backends:
         from .kernels.common import triton_mode
@@ -150,9 +150,27 @@ def _cmd_compile(args: argparse.Namespace) -> int:
         options["flavour"] = args.flavour
     if args.target:
         options["target"] = args.target
-    compiled = k3c_compile(model, args.backend, (_example_ids(model),), out_dir=args.out,
-                           passes=args.pipeline, verbose=True,
-                           pass_options={"verify_each": args.verify, "dump_after": args.dump_after}, **options)
+    aot = args.backend == "triton" and args.target is not None
+    if aot and args.seq_len:
+        options["seq_len"] = args.seq_len
+    try:
+        compiled = k3c_compile(model, args.backend, (_example_ids(model),), out_dir=args.out,
+                               passes=args.pipeline, verbose=True,
+                               pass_options={"verify_each": args.verify, "dump_after": args.dump_after}, **options)
+    except RuntimeError as e:
+        from .backends.triton.aot import AotError
+
+        if not isinstance(e, AotError):
+            raise
+        print(f"k3c compile: {e}", file=sys.stderr)  # kernels that cannot run on the target: a finding
+        return 1
+    if aot:
+        from .backends.triton.aot import load_report
+
+        report = load_report(compiled.out_dir)
+        print(report.table())
+        for line in report.problems():
+            print(f"  {line}")
     print(compiled.out_dir)
     return 0
 
@@ -190,10 +208,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", help="artifact folder (default: a new temporary folder)")
     s.add_argument("--pipeline", default="default", help="pass pipeline (default: default)")
     s.add_argument("--flavour", choices=["portable", "ort"], help="onnx: custom-op flavour")
-    s.add_argument("--target", help="tvm: llvm or cuda")
+    s.add_argument("--target", help="tvm: llvm or cuda; triton: sm_80, sm_90 or sm_100 (every kernel compiled "
+                   "ahead of time: cubins and kernels.json, no GPU needed)")
     s.add_argument("--dump-after", metavar="PASS", help="print the IR of each entry after this pass")
     s.add_argument("--verify", action="store_true", help="run the verifier after every pass")
-    s.add_argument("--seq-len", type=int, default=130, help="with --backend all: prefill length of the check")
+    s.add_argument("--seq-len", type=int, help="with --backend all: prefill length of the check (default 130); "
+                   "with --target sm_*: the prefill length the kernels are compiled for (default 8192)")
     s.set_defaults(func=_cmd_compile)
 
     s = sub.add_parser("diff", help="run eager and backends on the same inputs; exit 1 when one is off")

@@ -59,6 +59,11 @@ def _shape(t: TensorType, env: tuple) -> Shape:
     return tuple(_eval(d, env) for d in t.shape)
 
 
+def static_shape(t: TensorType, env: dict[str, int]) -> Shape:
+    """The shape of `t` with its dims bound by `env` (a binding() result)."""
+    return _shape(t, tuple(sorted(env.items())))
+
+
 def _bytes(t: TensorType, shape: Shape) -> int:
     return math.prod(shape) * t.torch_dtype.itemsize
 
@@ -178,21 +183,49 @@ def _default_flops(node: Node, ins: list[Shape], outs: list[Shape]) -> int:
 
 
 def node_cost(graph: Graph, node: Node, env: dict[str, int]) -> Cost:
+    return _cost(node, [graph.types[i] for i in node.inputs], [graph.types[o] for o in node.outputs], env)
+
+
+def _cost(node: Node, in_types: list[TensorType], out_types: list[TensorType], env: dict[str, int]) -> Cost:
     key = tuple(sorted(env.items()))
-    ins = [_shape(graph.types[i], key) for i in node.inputs]
-    outs = [_shape(graph.types[o], key) for o in node.outputs]
+    ins = [_shape(t, key) for t in in_types]
+    outs = [_shape(t, key) for t in out_types]
     attrs = {k: resolve(v, env) for k, v in OPS[node.op].full_attrs(node.attrs).items()}
     fn = FLOPS.get(node.op)
     flops = fn(ins, outs, attrs) if fn else _default_flops(node, ins, outs)
     if node.op in VIEWS:
         return Cost(flops, 0)
     seen, nbytes = set(), 0
-    for name, shape in zip(node.inputs, ins):
+    for name, t, shape in zip(node.inputs, in_types, ins):
         if name not in seen:
             seen.add(name)
-            nbytes += _bytes(graph.types[name], shape)
-    nbytes += sum(_bytes(graph.types[o], s) for o, s in zip(node.outputs, outs))
+            nbytes += _bytes(t, shape)
+    nbytes += sum(_bytes(t, s) for t, s in zip(out_types, outs))
     return Cost(flops, nbytes)
+
+
+def op_cost(op: str, in_types: list[TensorType], attrs: dict | None = None) -> tuple[Cost, list[TensorType]]:
+    """(cost, output types) of one `op` on operands of static `in_types`, counted as node_cost
+    counts a node of the graph: for a kernel outside a graph (a benchmark's)."""
+    attrs = dict(attrs or {})
+    outs = OPS[op].infer(*in_types, **OPS[op].full_attrs(attrs))
+    node = Node(op, [f"in{i}" for i in range(len(in_types))], [f"out{i}" for i in range(len(outs))], attrs)
+    return _cost(node, in_types, outs, {}), outs
+
+
+def chunk_delta_cost(B: int, T: int, H: int, K: int, V: int, dtype: str = "bf16", chunk_size: int = 64,
+                     gate: str = "channel") -> dict[str, Cost]:
+    """The three pieces of the chunked delta rule (KDA for gate "channel") at static sizes,
+    as the chunk-delta-rule pass writes them: {"chunk_prepare": ..., "chunk_state_scan": ...,
+    "chunk_output": ...}, in the dtype of q, k, v (state and pieces fp32)."""
+    q, v = TensorType(dtype, (B, T, H, K)), TensorType(dtype, (B, T, H, V))
+    beta = TensorType("f32", (B, T, H))
+    g = [TensorType("f32", (B, T, H, K) if gate == "channel" else (B, T, H))] if gate in ("channel", "head") else []
+    prep, (q_dec, k_dec, w, u, aqk, decay) = op_cost("chunk_prepare", [q, q, v, beta, *g],
+                                                     {"chunk_size": chunk_size, "gate": gate})
+    scan, (v_new, starts, _) = op_cost("chunk_state_scan", [w, u, k_dec, decay, TensorType("f32", (B, H, K, V))])
+    out, _ = op_cost("chunk_output", [q_dec, aqk, v_new, starts], {"scale": K**-0.5, "T": T})
+    return {"chunk_prepare": prep, "chunk_state_scan": scan, "chunk_output": out}
 
 
 def graph_cost(graph: Graph, at: dict[str, int] | None = None) -> Cost:

@@ -5,6 +5,8 @@ Artifact (DIR):
     weights.safetensors     every weight of every entry, by IR name
     {entry}.k3c             each entry's IR (text form, no weight data): names, types, dims
     manifest.json           format, module file, entries with their input and output names
+    kernels.json, sm_90/    with a GPU target (TritonBackend(target="sm_90")): every kernel
+                            compiled ahead of time, cubins and what they use (aot.py)
 """
 
 from __future__ import annotations
@@ -30,14 +32,18 @@ MAX_HEAD_DIM = 256
 class TritonRunner:
     """Runs the entries of a loaded artifact; inputs on the CPU move to the kernels' device."""
 
-    def __init__(self, module, entries: dict[str, Graph], weights: dict[str, torch.Tensor], device: str):
+    def __init__(self, module, entries: dict[str, Graph], weights: dict[str, torch.Tensor], device: str,
+                 missing: str = ""):
         self.module, self.entries, self.weights, self.device = module, entries, weights, device
+        self.missing = missing  # why it cannot run: weights without data (a model built on the meta device)
 
     def run(self, entry: str, *inputs: torch.Tensor) -> list[torch.Tensor]:
         """Outputs in the graph's order, on the device of the inputs (CPU inputs on a GPU
         machine run on the GPU and come back; CUDA inputs stay there, state included)."""
         if entry not in self.entries:
             raise KeyError(f"the Triton artifact has no entry {entry!r}; it has {', '.join(self.entries)}")
+        if self.missing:
+            raise ValueError(self.missing)
         bind_dims(self.entries[entry], inputs)  # an InputError names an input that does not fit
         home = inputs[0].device if inputs else torch.device(self.device)
         outs = self.module.forward(entry, [x.to(self.device) for x in inputs], self.weights)
@@ -45,7 +51,15 @@ class TritonRunner:
 
 
 class TritonBackend:
+    """`target` None: the kernels compile when they first run (on the GPU, or the interpreter);
+    "sm_80", "sm_90", "sm_100": `lower` also compiles every kernel ahead of time for that GPU
+    (aot.py; `aot_options`: seq_len, batch, jobs) and keeps the report in `aot_report`."""
+
     name = "triton"
+
+    def __init__(self, target: str | None = None, **aot_options):
+        self.target, self.aot_options = target, aot_options
+        self.aot_report = None
 
     def is_available(self) -> tuple[bool, str]:
         try:
@@ -91,6 +105,12 @@ class TritonBackend:
                     "entries": {e: {"inputs": g.inputs, "outputs": [k for k, _ in g.outputs], "graph": f"{e}.k3c"}
                                 for e, g in graphs.items()}}
         (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+        target = options.get("target") or self.target
+        if target:
+            from .aot import compile_kernels
+
+            aot = {**self.aot_options, **{k: options[k] for k in ("seq_len", "batch", "jobs") if k in options}}
+            self.aot_report = compile_kernels(out, target, **aot)
         return out
 
     def load(self, out_dir: Path, **options) -> TritonRunner:
@@ -112,11 +132,12 @@ class TritonBackend:
 
             tensors = load_file(str(wfile))
         missing = sorted(needed - set(tensors))
-        if missing:
-            raise ValueError(f"{out}: no data for weight(s) {missing[:4]}{' ...' if len(missing) > 4 else ''} "
-                             f"(a model built on the meta device compiles, but cannot run)")
+        why = ""
+        if missing:  # said when it runs: the artifact (and its AOT kernels) is still the result
+            why = (f"{out}: no data for weight(s) {missing[:4]}{' ...' if len(missing) > 4 else ''} "
+                   f"(a model built on the meta device compiles, but cannot run)")
         weights = {k: v.to(DEVICE) for k, v in tensors.items()}
-        return TritonRunner(_import(out / manifest["module"]), entries, weights, DEVICE)
+        return TritonRunner(_import(out / manifest["module"]), entries, weights, DEVICE, why)
 
 
 def _import(path: Path):

@@ -20,10 +20,11 @@ import triton.language as tl  # isort: skip
 
 
 def _prune(configs: list, named_args: dict, **kwargs) -> list:
-    """A decode step (T = 1) keeps the 16-query tiles (larger ones are all padding), and the
-    key/value tiles in flight must fit shared memory: absorbed MLA attends over the 512-wide
-    latent, where 64 keys of [k | v] in 3 stages asked sm_90 for 320 KB (of 227)."""
-    rows = prune_rows("T", "BM")["early_config_prune"](configs, named_args, **kwargs)
+    """A decode step (T = 1) keeps the 16-query tiles (larger ones are all padding), the tiles
+    suit the dots' operands (tile_fits: 64 x 64 spilled with fp32 ones), and the key/value
+    tiles in flight must fit shared memory: absorbed MLA attends over the 512-wide latent,
+    where 64 keys of [k | v] in 3 stages asked sm_90 for 320 KB (of 227)."""
+    rows = prune_rows("T", "BM", "BN")["early_config_prune"](configs, named_args, **kwargs)
     width = kwargs["BD1"] + (kwargs["BD2"] if kwargs["D2"] > 0 else 0) + kwargs["BDV"]
     size = 4 if kwargs["DOT_F32"] else named_args["k1"].element_size()
     fits = [c for c in rows if (c.num_stages - 1) * c.kwargs["BN"] * width * size <= 96 * 1024]

@@ -84,15 +84,30 @@ def autotune(configs: list[triton.Config], key: list[str], **kwargs):
     return triton.autotune(configs=configs[:1] if INTERPRET else configs, key=key, **kwargs)
 
 
-def prune_rows(arg: str, block: str):
+F32_TILE = 2048  # most outputs of one program's tile when its dots take fp32 operands
+
+
+def tile_fits(rows: int, cols: int, fp32_dots: bool) -> bool:
+    """Whether a [rows, cols] output tile suits a GEMM-like kernel: with fp32 operands (3xTF32
+    splits each in two) at most F32_TILE outputs, as larger tiles spilled on sm_90; with 16-bit
+    ones the larger tiles (4096 outputs and up, or the 16-row tile of short inputs)."""
+    return rows * cols <= F32_TILE if fp32_dots else rows * cols >= 2 * F32_TILE or rows == 16
+
+
+def prune_rows(arg: str, block: str, cols: str | None = None):
     """An autotune pruning for a kernel over rows: keep the configs whose `block` rows are
     no more than `arg` needs (at least 16), so a decode step (one row) compiles and tries the
-    small tile only; the smallest tile survives when none fits."""
+    small tile only; with `cols` (the config's column block) also the tiles that fit the dots'
+    operand dtype (tile_fits, read from the kernel's DOT_F32). The smallest tile survives
+    when none fits."""
     def prune(configs: list, named_args: dict, **kwargs) -> list:
         rows = named_args[arg] if arg in named_args else kwargs[arg]
         cap = max(16, triton.next_power_of_2(int(rows)))
         kept = [c for c in configs if c.kwargs[block] <= cap]
-        return kept or [min(configs, key=lambda c: c.kwargs[block])]
+        if cols is not None:
+            kept = [c for c in kept if tile_fits(c.kwargs[block], c.kwargs[cols], kwargs["DOT_F32"])]
+        size = lambda c: c.kwargs[block] * (c.kwargs[cols] if cols else 1)
+        return kept or [min(configs, key=lambda c: (c.kwargs[block], size(c)))]
 
     return {"early_config_prune": prune}
 
@@ -155,5 +170,5 @@ def check_device(what: str, *tensors: torch.Tensor) -> None:
                              f"got one on {t.device} (or set TRITON_INTERPRET=1 before importing k3c's kernels)")
 
 
-__all__ = ["INTERPRET", "DEVICE", "autotune", "prune_rows", "rows_bucket", "rows_per_program", "dot_precision",
-           "dots_in_fp32", "block", "check_device"]
+__all__ = ["INTERPRET", "DEVICE", "autotune", "tile_fits", "prune_rows", "rows_bucket", "rows_per_program",
+           "dot_precision", "dots_in_fp32", "block", "check_device"]

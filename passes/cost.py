@@ -196,12 +196,27 @@ def _cost(node: Node, in_types: list[TensorType], out_types: list[TensorType], e
     if node.op in VIEWS:
         return Cost(flops, 0)
     seen, nbytes = set(), 0
-    for name, t, shape in zip(node.inputs, in_types, ins):
+    touched = _experts_touched(node.op, ins)
+    for i, (name, t, shape) in enumerate(zip(node.inputs, in_types, ins)):
         if name not in seen:
             seen.add(name)
-            nbytes += _bytes(t, shape)
+            nbytes += int(_bytes(t, shape) * touched.get(i, 1.0))
     nbytes += sum(_bytes(t, s) for t, s in zip(out_types, outs))
     return Cost(flops, nbytes)
+
+
+# routed-expert op -> (positions of its [E, ...] expert weights, position of idx [N, k])
+_EXPERT_WEIGHTS = {"moe_experts": ((1, 2), 3), "moe_gate_up": ((1,), 2), "moe_down": ((1,), 2)}
+
+
+def _experts_touched(op: str, ins: list[Shape]) -> dict[int, float]:
+    """The fraction of each expert weight a routed-expert op reads: N * k (token, slot) pairs
+    reach at most min(E, N k) of the E experts (a decode step of K3 reads 16 of 896)."""
+    if op not in _EXPERT_WEIGHTS:
+        return {}
+    weights, idx = _EXPERT_WEIGHTS[op]
+    E, pairs = ins[weights[0]][0], math.prod(ins[idx])
+    return {i: min(E, pairs) / E for i in weights}
 
 
 def op_cost(op: str, in_types: list[TensorType], attrs: dict | None = None) -> tuple[Cost, list[TensorType]]:

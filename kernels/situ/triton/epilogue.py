@@ -87,7 +87,7 @@ def situ(gate: torch.Tensor, up: torch.Tensor, beta: float = 4.0, linear_beta: f
                    triton.Config({"BM": 64, "BN": 128, "BK": 32}, num_warps=8, num_stages=3),
                    triton.Config({"BM": 64, "BN": 32, "BK": 64}, num_warps=4, num_stages=3),
                    triton.Config({"BM": 32, "BN": 64, "BK": 64}, num_warps=4, num_stages=3),
-                   triton.Config({"BM": 16, "BN": 64, "BK": 128}, num_warps=4, num_stages=4)],
+                   triton.Config({"BM": 16, "BN": 64, "BK": 64}, num_warps=4, num_stages=4)],
           key=["M_BUCKET", "N", "K"], prune_configs_by=prune_rows("M", "BM", "BN"))
 @triton.jit
 def gated_gemm_kernel(x, w, out, M, M_BUCKET, beta, linear_beta, N: tl.constexpr, K: tl.constexpr,

@@ -9,8 +9,9 @@ of kernels.json holds is read from those artifacts, not estimated:
     shared_bytes               the dynamic shared memory triton asks for at launch plus the
                                cubin's static SHARED
     tensor_cores               the tensor-core instructions in the PTX: `wgmma.mma_async`
-                               (sm_90), `mma.sync` (sm_80 and up), `tcgen05.mma` (sm_100), with
-                               their count in the SASS (HGMMA / HMMA / UTC*MMA) of kernels with dots
+                               (sm_90), `mma.sync` (sm_80 and up), `tcgen05.mma` (sm_100); their
+                               count in the SASS (HGMMA / HMMA / UTC*MMA) for one variant with dots
+                               of each kernel function (count_sass_tensor_ops)
     dots, dot_kinds            the `tt.dot` ops of the TTIR, i.e. what the kernel asks for, and
                                what they multiply: "bf16"/"f16" operands, or fp32 ones as "tf32",
                                "tf32x3" (three TF32 products) or "ieee" (FMA, no tensor cores)
@@ -99,11 +100,20 @@ def _resources(cubin: Path, kernel, ptxas_log: str) -> dict:
 def _tensor_cores(ttir: str, ptx: str, cubin: Path, target: Target) -> dict:
     kinds = [_dot_kind(m) for m in TTIR_DOT.finditer(ttir)]
     family = next((fam for instr, fam in TENSOR_CORE_PTX if instr in ptx), None)
-    # the SASS cross-check only where there are dots: disassembling costs more than compiling a
-    # kernel without any (0.7 s of CPU a cubin)
-    sass = _run(tool("cuobjdump"), "-sass", str(cubin)) if kinds or family else ""
     return {"dots": len(kinds), "dot_kinds": sorted(set(kinds)), "tensor_cores": family,
-            "tensor_core_sass": len(SASS_TENSOR_OPS.findall(sass))}
+            "tensor_core_sass": None}
+
+
+def count_sass_tensor_ops(rows: list[dict], out_dir: Path) -> None:
+    """The SASS cross-check of the PTX: for one compiled variant with dots of each kernel
+    function, the tensor-core instructions in its disassembly (`tensor_core_sass`; None where
+    not disassembled: that costs 0.7 s of CPU a cubin, more than compiling most kernels)."""
+    done: set[str] = set()
+    for row in rows:
+        if row.get("ok") and row.get("dots") and row["name"] not in done:
+            done.add(row["name"])
+            sass = _run(tool("cuobjdump"), "-sass", str(out_dir / row["cubin"]))
+            row["tensor_core_sass"] = len(SASS_TENSOR_OPS.findall(sass))
 
 
 def _dot_kind(m: re.Match) -> str:
@@ -133,4 +143,4 @@ def compiler_message(e: Exception) -> str:
     return head + ("\n..." if len(lines) > 12 else "")
 
 
-__all__ = ["build", "tool", "compiler_message"]
+__all__ = ["build", "tool", "compiler_message", "count_sass_tensor_ops"]

@@ -65,6 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     rows = _build_all(launches, tgt, cubins, args.jobs)
     rows.sort(key=lambda r: (r["name"], json.dumps(r["constexprs"], sort_keys=True, default=str),
                              r["num_warps"], r["num_stages"], json.dumps(r["signature"])))
+    from .aot_build import count_sass_tensor_ops
+
+    count_sass_tensor_ops(rows, out)
     (out / KERNELS_JSON).write_text(json.dumps(rows, indent=1, default=str) + "\n")
     print(f"aot_worker: {len(rows)} kernels for {tgt.name}, recorded in {recorded:.1f}s, "
           f"compiled in {time.perf_counter() - t0 - recorded:.1f}s", file=sys.stderr)

@@ -75,6 +75,9 @@ def assert_runs_well(report: AotReport) -> None:
     for k in report.kernels:
         if set(k["launched_by"]) & GEMM_LIKE and k["dots"]:
             assert k["tensor_cores"] in ("wgmma", "mma"), f"{k['name']} {k['constexprs']}: {k['tensor_cores']}"
+        if k["tensor_core_sass"] is not None:  # the SASS agrees with the PTX
+            assert (k["tensor_core_sass"] > 0) == (k["tensor_cores"] is not None), k["name"]
+    assert any(k["tensor_core_sass"] for k in report.kernels)
     # what each row says came from the cubin on disk
     for k in report.kernels:
         assert (report.path.parent / k["cubin"]).stat().st_size > 0
@@ -96,9 +99,9 @@ def test_model_shapes_compile_for_sm90(aot, name, overrides):
     assert_runs_well(aot(name, torch.bfloat16, **overrides))
 
 
-def test_cli_compiles_for_sm80_and_writes_kernels_json(tmp_path):
+def test_cli_compiles_for_sm80_then_the_artifact_for_sm100(tmp_path):
     """`k3c compile --target sm_80`: cubins beside the module, kernels.json with its fields,
-    mma.sync (sm_80's tensor cores) for the attention's dots."""
+    mma.sync (sm_80's tensor cores) for the attention's dots; then the same artifact for sm_100."""
     out = tmp_path / "gpt2"
     r = subprocess.run([sys.executable, "-m", "k3c.cli", "compile", "--model", "gpt2-tiny", "--backend", "triton",
                         "--target", "sm_80", "--seq-len", "256", "--out", str(out)],
@@ -113,12 +116,10 @@ def test_cli_compiles_for_sm80_and_writes_kernels_json(tmp_path):
     assert attention and all(k["tensor_cores"] == "mma" for k in attention)
     assert "flash_attention_kernel" in r.stdout  # the table printed per kernel
 
-
-def test_sm100_compiles(tmp_path):
-    out = lower_on_meta("gpt2-tiny", torch.bfloat16, tmp_path / "gpt2")
     report = compile_kernels(out, "sm_100", seq_len=256)
-    assert not report.errors(), report.errors()
+    assert report.target is TARGETS["sm_100"] and not report.errors(), report.errors()
     assert {k["tensor_cores"] for k in report.kernels if k["dots"]} <= {"tcgen05", "wgmma", "mma"}
+    assert len(list((out / "sm_100").glob("*.cubin"))) == len(report.kernels)
 
 
 # Kernels made to break one rule each, compiled through the same recorder and build step.
@@ -129,7 +130,7 @@ import torch
 import triton
 import triton.language as tl
 from k3c.backends.triton.aot import target
-from k3c.backends.triton.aot_build import build
+from k3c.backends.triton.aot_build import build, count_sass_tensor_ops
 from k3c.backends.triton.aot_record import Recorder
 
 
@@ -178,6 +179,8 @@ with rec.intercepting():
 out = Path(sys.argv[1])
 (out / tgt.name).mkdir(parents=True)
 rows = [build(launch, tgt, out / tgt.name) for launch in rec.launches.values()]
+for row in rows:
+    count_sass_tensor_ops([row], out)
 (out / "kernels.json").write_text(json.dumps(rows))
 '''
 

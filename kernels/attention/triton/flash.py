@@ -21,14 +21,24 @@ import triton.language as tl  # isort: skip
 
 def _prune(configs: list, named_args: dict, **kwargs) -> list:
     """A decode step (T = 1) keeps the 16-query tiles (larger ones are all padding), the tiles
-    suit the dots' operands (tile_fits: 64 x 64 spilled with fp32 ones), and the key/value
-    tiles in flight must fit shared memory: absorbed MLA attends over the 512-wide latent,
-    where 64 keys of [k | v] in 3 stages asked sm_90 for 320 KB (of 227)."""
+    suit the dots' operands (tile_fits: 64 x 64 spilled with fp32 ones), the key/value tiles
+    in flight fit shared memory (absorbed MLA attends over the 512-wide latent, where 64 keys
+    of [k | v] in 3 stages asked sm_90 for 320 KB of 227), and the query rows and accumulator
+    fit the registers: about 200 values a thread, fp32 query operands counted three times
+    (3xTF32 keeps each as hi and lo too); past that they spilled on sm_90 (64 fp32 queries of
+    192 at 4 warps). None fits an fp32 model's absorbed decode (16 queries of the 576-wide
+    latent): the smallest tile is kept, and spills (8 warps spilled more)."""
     rows = prune_rows("T", "BM", "BN")["early_config_prune"](configs, named_args, **kwargs)
-    width = kwargs["BD1"] + (kwargs["BD2"] if kwargs["D2"] > 0 else 0) + kwargs["BDV"]
+    qk = kwargs["BD1"] + (kwargs["BD2"] if kwargs["D2"] > 0 else 0)
     size = 4 if kwargs["DOT_F32"] else named_args["k1"].element_size()
-    fits = [c for c in rows if (c.num_stages - 1) * c.kwargs["BN"] * width * size <= 96 * 1024]
-    return fits or [min(rows, key=lambda c: (c.num_stages * c.kwargs["BN"], c.kwargs["BM"]))]
+    copies = 3 if kwargs["DOT_F32"] else 1
+
+    def fits(c) -> bool:
+        shared = (c.num_stages - 1) * c.kwargs["BN"] * (qk + kwargs["BDV"]) * size
+        per_thread = c.kwargs["BM"] * (qk * copies + kwargs["BDV"]) / (32 * c.num_warps)
+        return shared <= 96 * 1024 and per_thread <= 200
+
+    return [c for c in rows if fits(c)] or [min(rows, key=lambda c: (c.num_stages * c.kwargs["BN"], c.kwargs["BM"]))]
 
 
 @autotune(configs=[triton.Config({"BM": 64, "BN": 64}, num_warps=4), triton.Config({"BM": 64, "BN": 32}, num_warps=4),

@@ -144,13 +144,17 @@ def _cmd_compile(args: argparse.Namespace) -> int:
 
     if args.backend == "all" or "," in args.backend:
         return _cmd_compile_all(args)
+    aot = args.backend == "triton" and args.target is not None
+    if aot:
+        from .backends.triton.aot import target
+
+        target(args.target)  # an unknown target is said before a slow capture
     model = models.build(args.model)
     options = {}
     if args.flavour:
         options["flavour"] = args.flavour
     if args.target:
         options["target"] = args.target
-    aot = args.backend == "triton" and args.target is not None
     if aot and args.seq_len:
         options["seq_len"] = args.seq_len
     try:

@@ -191,7 +191,8 @@ def compile_kernels(out_dir: str | Path, target_name: str = "sm_90", *, seq_len:
     seconds = time.perf_counter() - t0
     if r.returncode:
         lines = [ln for ln in r.stderr.strip().splitlines() if ln.strip()]
-        raise AotError(f"triton AOT for {tgt.name} failed: {lines[-1] if lines else f'exit {r.returncode}'}")
+        said = next((ln for ln in reversed(lines) if ln.startswith("aot_worker:")), lines[-1] if lines else "")
+        raise AotError(f"triton AOT for {tgt.name} failed: {said or f'exit {r.returncode}'}")
     report = load_report(out, seconds)
     errors = report.errors()
     if errors:

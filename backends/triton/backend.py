@@ -58,6 +58,10 @@ class TritonBackend:
     name = "triton"
 
     def __init__(self, target: str | None = None, **aot_options):
+        if target is not None:
+            from .aot import target as known_target
+
+            known_target(target)
         self.target, self.aot_options = target, aot_options
         self.aot_report = None
 

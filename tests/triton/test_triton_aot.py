@@ -122,6 +122,16 @@ def test_cli_compiles_for_sm80_then_the_artifact_for_sm100(tmp_path):
     assert len(list((out / "sm_100").glob("*.cubin"))) == len(report.kernels)
 
 
+def test_an_unknown_target_is_one_line_before_any_work(capsys):
+    from k3c.cli import main
+
+    assert main(["compile", "--model", "k3", "--backend", "triton", "--target", "sm_75"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["k3c compile: error: triton: unknown GPU target 'sm_75'; known: sm_80, sm_90, sm_100"]
+    with pytest.raises(ValueError, match="unknown GPU target"):
+        TritonBackend(target="sm_75")
+
+
 # Kernels made to break one rule each, compiled through the same recorder and build step.
 BROKEN = '''
 import json, sys

@@ -93,6 +93,23 @@ def test_k3_tiny_compiles_for_sm90_without_spills_on_tensor_cores(aot, dtype):
     assert ("bf16" in kinds) == (dtype == torch.bfloat16)
 
 
+def test_roofline_rows_map_ops_to_their_kernels(aot):
+    """k3-tiny's fp32 RMSNorm over d = 256 without a weight reads x and writes y once (2 * 4 bytes
+    an element by the definition of the cost model's bytes), far below any ridge: memory-bound at
+    H200's 4.8 TB/s; the KDA pieces name the kernels they launch."""
+    from k3c.backends.triton.roofline import H200, roofline
+
+    T = 1024
+    rows = roofline(aot("k3-tiny", torch.float32).path.parent, {"B": 1, "T": T, "P": T})
+    norm = [r for r in rows if r.entry == "prefill" and r.op == "rms_norm" and r.shape == f"1x{T}x256"
+            and r.bytes == 2 * T * 256 * 4]
+    assert len(norm) == 1 and norm[0].kernels == ("rmsnorm_kernel",) and norm[0].bound(H200) == "memory"
+    assert norm[0].seconds(H200) == pytest.approx(2 * T * 256 * 4 / 4.8e12)
+    prepare = next(r for r in rows if r.entry == "prefill" and r.op == "chunk_prepare")
+    assert {"chunk_decay_kernel", "chunk_scores_kernel", "chunk_wy_kernel"} <= set(prepare.kernels)
+    assert prepare.nodes == 6 and prepare.dot == "tf32x3"  # k3-tiny's six KDA layers
+
+
 @pytest.mark.parametrize("name,overrides", [("k3-small", {}), ("k3", {"num_layers": 4, "mla_layers": (4,)})],
                          ids=["k3-small", "k3"])
 def test_model_shapes_compile_for_sm90(aot, name, overrides):

@@ -6,10 +6,18 @@ imported only when their backend is asked for.
 
 from __future__ import annotations
 
+if __name__ != "k3c.backends":  # this folder imported under its bare name, e.g. by a script in the repository root
+    raise ImportError(f"'{__name__}' is a folder of k3c's source tree, not a package: import k3c.backends. A script "
+                      f"run from k3c's repository root finds this folder when it, or a library it uses (transformers "
+                      f"looks for a package named 'kernels'), imports 'backends': run it from another directory")
+
+
 import importlib
+import inspect
 
 from ..kernels.common import triton_mode
 from .base import Backend, Runner, UnsupportedNodeError, check_supported
+from .tables import Lowering, lowering
 
 try:  # before torch.export imports triton while capturing: see kernels/common/triton_mode.py
     triton_mode.choose()
@@ -34,17 +42,30 @@ def register(name: str, cls: type) -> None:
     _EXTRA[name] = cls
 
 
+def registered() -> tuple[str, ...]:
+    """The names `register` added."""
+    return tuple(_EXTRA)
+
+
 def get(name: str, **options) -> Backend:
+    """The backend `name`, configured by `options` (onnx: flavour, providers, threads,
+    spinning; tvm: target, arch); an option it does not take is a TypeError naming it."""
     if name in _EXTRA:
-        return _EXTRA[name](**options)
-    if name not in _REGISTRY:
+        cls = _EXTRA[name]
+    elif name not in _REGISTRY:
         raise KeyError(f"unknown backend {name!r}; known: {', '.join(list(_REGISTRY) + list(_EXTRA))}")
-    module, attr = _REGISTRY[name].split(":")
-    try:
-        cls = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as e:
-        raise KeyError(f"backend {name!r} is not available here: {e}") from e
+    else:
+        module, attr = _REGISTRY[name].split(":")
+        try:
+            cls = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as e:
+            raise KeyError(f"backend {name!r} is not available here: {e}") from e
+    known = [p for p in inspect.signature(cls).parameters if p not in ("self", "args", "kwargs")]
+    unknown = sorted(set(options) - set(known))
+    if unknown and not any(p.kind is p.VAR_KEYWORD for p in inspect.signature(cls).parameters.values()):
+        raise TypeError(f"{name} backend: unknown option(s) {unknown}; known: {', '.join(known) or 'none'}")
     return cls(**options)
 
 
-__all__ = ["get", "register", "NAMES", "Backend", "Runner", "UnsupportedNodeError", "check_supported"]
+__all__ = ["get", "register", "registered", "NAMES", "Backend", "Runner", "UnsupportedNodeError", "check_supported",
+           "lowering", "Lowering"]

@@ -1,7 +1,10 @@
 """What every backend is: a lowering table that can say why it cannot take a node, a
-`lower` that writes an artifact to disk, and a `load` that returns a runner.
+`lower` that writes an artifact to disk, and a `load` that returns a runner. A backend is
+configured when it is made (`k3c.backends.get("onnx", flavour="ort")`), so lower and load
+take no options.
 
-    backend.supports(node, graph) -> (ok, reason)
+    backend.supports(node, graph) -> (ok, reason)   read from its table in k3c.backends.tables
+    backend.takes_whole             -> set of ops   recurrent ops it runs whole (not chunked)
     backend.lower(graphs, out_dir)  -> Path        graphs: {"prefill": g, "decode": g} or {"forward": g}
     backend.load(out_dir)           -> Runner      runner.run("prefill", *inputs) -> outputs
 
@@ -10,25 +13,13 @@ Inputs and outputs of a runner follow the order of the graph's `inputs` and `out
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
 import torch
 
-from ..ir import Graph, Node
-
-
-class UnsupportedNodeError(Exception):
-    """Nodes a backend cannot lower: each with its op, the reason and the model's line."""
-
-    def __init__(self, backend: str, problems: list[tuple[Node, str]]):
-        self.backend, self.problems = backend, problems
-        lines = []
-        for node, reason in problems:
-            where = f" at {node.loc}" if node.loc else ""
-            lines.append(f"  {node.op} (%{node.outputs[0]}){where}: {reason}")
-        super().__init__(f"backend {backend!r} cannot lower {len(problems)} node(s):\n" + "\n".join(lines))
+from ..errors import UnsupportedNodeError
+from ..ir import OPS, Graph, Node
 
 
 class Runner(Protocol):
@@ -44,9 +35,24 @@ class Backend(Protocol):
 
     def supports(self, node: Node, graph: Graph) -> tuple[bool, str]: ...
 
-    def lower(self, graphs: dict[str, Graph], out_dir: Path, **options) -> Path: ...
+    def lower(self, graphs: dict[str, Graph], out_dir: Path) -> Path: ...
 
-    def load(self, out_dir: Path, **options) -> Runner: ...
+    def load(self, out_dir: Path) -> Runner: ...
+
+
+def legalized(backend: Backend, graphs: dict[str, Graph]) -> dict[str, Graph]:
+    """`graphs` with every node `backend` has no lowering for rewritten into its op's
+    decomposition (a copy where anything changes; k3c.passes.legalize). `k3c.compile` has
+    done it already; a direct `backend.lower(graphs, dir)` gets the same graphs this way."""
+    from ..passes import legalize
+
+    out = {}
+    for entry, g in graphs.items():
+        if any(OPS[n.op].decompose is not None and not backend.supports(n, g)[0] for n in g.nodes):
+            g = g.copy()
+            legalize(g, backend.supports)
+        out[entry] = g
+    return out
 
 
 def check_supported(backend: Backend, graph: Graph) -> None:
@@ -58,12 +64,3 @@ def check_supported(backend: Backend, graph: Graph) -> None:
             problems.append((node, reason))
     if problems:
         raise UnsupportedNodeError(backend.name, problems)
-
-
-def table_supports(table: dict[str, Callable], node: Node, backend: str,
-                   reasons: dict[str, str] | None = None) -> tuple[bool, str]:
-    """The common `supports`: an op is lowerable when the table has it; else say why."""
-    if node.op in table:
-        return True, ""
-    why = (reasons or {}).get(node.op, f"no {backend} lowering for op {node.op!r}")
-    return False, why

@@ -1,5 +1,5 @@
 """Which backend lowers which IR op, and how: the support matrix, read from the lowering
-tables themselves (so it cannot drift from the code).
+tables of k3c.backends.tables themselves (so it cannot drift from the code).
 
     rows = matrix()          # [(family, op, {column: cell})], one row per op of the IR
     print(markdown(rows))    # the table of README.md ("Backend x op support")
@@ -11,6 +11,7 @@ A cell says how the op runs on that backend, or "-" with the reason when it does
 from __future__ import annotations
 
 from ..ir.ops import OPS
+from . import tables as L
 
 COLUMNS = ("reference", "onnx", "onnx --flavour ort", "tvm", "triton")
 
@@ -24,59 +25,37 @@ LEGEND = {
     "kernel": "a Triton kernel template from kernels/<op>/triton/",
     "fused": "fused with its elementwise neighbours into one generated Triton kernel",
     "torch": "a torch call in the generated module (GEMMs, views, small reductions)",
+    "decomposed": "no lowering of its own: the op's `decompose` rule rewrites it into ops the backend lowers",
+    "user": "a lowering registered with k3c.backends.lowering outside k3c",
 }
 
-
-def _family(op: str) -> str:
-    return OPS[op].infer.__module__.rsplit(".", 1)[-1]
-
-
-def _onnx() -> tuple[dict[str, str], dict[str, str]]:
-    from .onnx.custom import CUSTOM
-    from .onnx.ort import ORT, plan_groups
-    from .onnx.standard import STANDARD
-
-    portable = {op: "std" for op in STANDARD} | {op: "fn" for op in CUSTOM}
-    ort = dict(portable)
-    for op, m in ORT.items():
-        ort[op] = f"`{m.target}` or {portable[op]}"
-    if plan_groups:  # the three chunk pieces of one delta rule map onto one kernel together
-        for op in ("chunk_prepare", "chunk_state_scan", "chunk_output"):
-            ort[op] = "`com.microsoft::LinearAttention` (the three together) or fn"
-    return portable, ort
+# The family a row is filed under: the first of these the op declares.
+_FAMILY_ORDER = ("recurrent", "chunked", "attention", "moe", "fused", "norm", "matmul", "reduce", "index", "gather",
+                 "elementwise", "shape", "constant")
 
 
-def _tvm() -> dict[str, str]:
-    from .tvm.chunk_ops import CHUNK_LOWERINGS
-    from .tvm.kernel_ops import KERNEL_LOWERINGS
-    from .tvm.relax_ops import RELAX_LOWERINGS
-
-    return {op: "relax" for op in RELAX_LOWERINGS} | {op: "TIR" for op in {**KERNEL_LOWERINGS, **CHUNK_LOWERINGS}}
+def family_of(op: str) -> str:
+    fams = OPS[op].families
+    return next((f for f in _FAMILY_ORDER if f in fams), min(fams, default="-"))
 
 
-def _triton() -> tuple[dict[str, str], dict[str, str]]:
-    from .triton.elementwise import EXPR
-    from .triton.lowering import KERNEL_OPS, LOWERINGS, REASONS
-
-    cells = {}
-    for op in LOWERINGS:
-        cells[op] = "kernel" if op in KERNEL_OPS else "fused" if op in EXPR else "torch"
-    return cells, REASONS
+def _cell(table: str, op: str) -> str | None:
+    low = L.load(table).get(op)
+    if low is not None:
+        return low.kind
+    return "decomposed" if OPS[op].decompose is not None else None
 
 
 def matrix() -> list[tuple[str, str, dict[str, str]]]:
-    """One row per IR op: (family, op, {column: cell}); a missing lowering gets "- (reason)"."""
-    portable, ort = _onnx()
-    tvm = _tvm()
-    triton, triton_reasons = _triton()
-    tables = {"reference": ({op: "naive" for op in OPS}, {}), "onnx": (portable, {}),
-              "onnx --flavour ort": (ort, {}), "tvm": (tvm, {}), "triton": (triton, triton_reasons)}
+    """One row per IR op: (family, op, {column: cell}); a missing lowering gets "- (no lowering)"."""
     rows = []
-    for op in sorted(OPS, key=lambda o: (_family(o), o)):
-        cells = {}
-        for col, (table, reasons) in tables.items():
-            cells[col] = table.get(op) or f"- ({reasons.get(op, 'no lowering')})"
-        rows.append((_family(op), op, cells))
+    for op in sorted(OPS, key=lambda o: (family_of(o), o)):
+        portable = _cell("onnx", op)
+        ort = L.load("onnx:ort").get(op)
+        cells = {"reference": "naive", "onnx": portable,
+                 "onnx --flavour ort": f"{ort.kind} or {portable}" if ort is not None else portable,
+                 "tvm": _cell("tvm", op), "triton": _cell("triton", op)}
+        rows.append((family_of(op), op, {c: v or "- (no lowering)" for c, v in cells.items()}))
     return rows
 
 

@@ -6,11 +6,17 @@ compile also shows what every other backend starts from.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
 
 from ..ir import OPS, Graph, Node, interpret, load, save
+from .artifact import MANIFEST, seal, verify
+from .contract import check_inputs
+from .weights import unshare_weights
+
+FORMAT = "k3c-reference/1"
 
 
 class ReferenceRunner:
@@ -18,6 +24,9 @@ class ReferenceRunner:
         self.entries = entries
 
     def run(self, entry: str, *inputs: torch.Tensor) -> list[torch.Tensor]:
+        if entry not in self.entries:
+            raise KeyError(f"the reference artifact has no entry {entry!r}; it has {', '.join(self.entries)}")
+        check_inputs(self.entries[entry], inputs)  # an InputError names an input, an id or a dim out of range
         return interpret(self.entries[entry], *inputs)
 
 
@@ -30,14 +39,18 @@ class ReferenceBackend:
     def supports(self, node: Node, graph: Graph) -> tuple[bool, str]:
         return (True, "") if node.op in OPS else (False, f"op {node.op!r} has no declaration")
 
-    def lower(self, graphs: dict[str, Graph], out_dir: Path, **options) -> Path:
-        for entry, g in graphs.items():
-            save(g, Path(out_dir) / entry)
-        return Path(out_dir)
-
-    def load(self, out_dir: Path, **options) -> ReferenceRunner:
+    def lower(self, graphs: dict[str, Graph], out_dir: Path) -> Path:
         out_dir = Path(out_dir)
-        return ReferenceRunner({d.name: load(d) for d in sorted(out_dir.iterdir()) if (d / "graph.k3c").exists()})
+        for entry, g in graphs.items():
+            save(unshare_weights(g), out_dir / entry)
+        (out_dir / MANIFEST).write_text(json.dumps({"format": FORMAT, "entries": list(graphs)}, indent=1) + "\n")
+        seal(out_dir, backend=self.name, model=next(iter(graphs.values())).meta.get("model"))
+        return out_dir
+
+    def load(self, out_dir: Path) -> ReferenceRunner:
+        out_dir = Path(out_dir)
+        manifest = verify(out_dir, self.name)
+        return ReferenceRunner({e: load(out_dir / e) for e in manifest["entries"]})
 
     def runner(self, graphs: dict[str, Graph]) -> ReferenceRunner:
         """Run graphs in memory, without writing them."""

@@ -16,9 +16,10 @@ from torch.export import Dim
 from torch.utils import _pytree as pytree
 
 from ..ir import Graph, verify
+from .export import export
 from .source import describe
 from .table import TABLE
-from .translate import CaptureError, Translator, UnsupportedOpError
+from .translate import Translator, UnsupportedOpError
 
 
 class _Entry(torch.nn.Module):
@@ -70,17 +71,31 @@ def _growing_dims(model, input_ids: torch.Tensor) -> dict[str, set[int]]:
     return {k: {i for i, (x, y) in enumerate(zip(a[k].shape, b[k].shape)) if x != y} for k in a}
 
 
+def _length_bounds(model) -> tuple[int | None, int | None]:
+    """The most tokens a prefill (T) and a decode cache (P) may hold, or None: unbounded.
+    A position table (GPT-2's n_positions) bounds both; a graph records the bound in its dims,
+    and every runner enforces it."""
+    limit = getattr(getattr(model, "config", None), "n_positions", None)
+    return (None, None) if limit is None else (int(limit), int(limit) - 1)
+
+
 def _dynamic_spec(model, entry: str, args: tuple, dynamic: bool):
-    if not dynamic:
-        return None
-    B, T, P = Dim("B"), Dim("T"), Dim("P")
-    if entry in ("prefill", "forward") and hasattr(model, "prefill"):
-        return ({0: B, 1: T},)
+    max_t, max_p = _length_bounds(model)
+    P = Dim("P") if max_p is None else Dim("P", max=max_p)
     if entry == "decode":
+        # the cache grows by one token a step, so its length stays dynamic even when dynamic=False
+        # pins the batch (a decode entry for the example's cache length alone would run one step)
         ids, state = args
         grow = _growing_dims(model, ids) if not ids.is_meta else _meta_growing(state)
-        st = {k: {0: B, **{i: P for i in grow.get(k, ())}} for k in state}
-        return ({0: B}, st)
+        batch = {0: Dim("B")} if dynamic else {}
+        st = {k: {**batch, **{i: P for i in grow.get(k, ())}} for k in state}
+        return (dict(batch), st)
+    if not dynamic:
+        return None
+    B = Dim("B")
+    T = Dim("T") if max_t is None else Dim("T", max=max_t)
+    if entry in ("prefill", "forward") and hasattr(model, "prefill"):
+        return ({0: B, 1: T},)
     specs = []
     for a in args:
         if isinstance(a, torch.Tensor) and a.dim() >= 2:
@@ -149,10 +164,7 @@ def capture(model: torch.nn.Module, example_inputs: tuple, dynamic: bool = True,
     spec = dynamic_shapes if dynamic_shapes is not None else _dynamic_spec(model, entry, args, dynamic)
     args = _widen_examples(args, spec)
     t0 = time.perf_counter()
-    try:
-        ep = torch.export.export(wrapper, args, dynamic_shapes=spec, strict=False)
-    except Exception as e:  # torch's own message is the useful part
-        raise CaptureError(f"torch.export failed: {type(e).__name__}: {str(e).splitlines()[0]}") from e
+    ep = export(wrapper, args, spec)
     unknown = _unknown_ops(ep)
     if unknown:
         ep = ep.run_decompositions(_decompositions())

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import torch
 
+from ..ir.ops import OPS, torch_ops
 from ..ir.types import dtype_name
 from .translate import CaptureError, Translator
 
 aten = torch.ops.aten
-k3c = torch.ops.k3c
 TABLE: dict = {}
 
 
@@ -326,22 +326,20 @@ def _gather(tr: Translator, x, dim, idx, *, sparse_grad=False):
 
 
 # ---- k3c custom ops: same name in the IR, scalar arguments become attributes ----------
-def _custom(op: str, tensor_args: int, attr_names: tuple[str, ...]):
-    def build(tr: Translator, *args):
-        ins = [tr.value(a) for a in args[:tensor_args]]
-        attrs = dict(zip(attr_names, args[tensor_args:]))
-        out = tr.emit(op, ins, attrs)
+def _custom(spec):
+    """The builder of an op with an eager torch op: its arguments are read by the names of the
+    op's schema, which ir/ops/torch_ops.py made from the spec (nothing here restates them)."""
+    tensors, attr_names = spec.tensor_inputs, list(spec.attr_specs)
+
+    def build(tr: Translator, *args, **kwargs):
+        schema = tr.fx_node.target._schema
+        named = dict(zip([a.name for a in schema.arguments], args)) | kwargs
+        ins = [tr.value(named[n]) for n in tensors if named.get(n) is not None]
+        attrs = {n: named[n] for n in attr_names if n in named}
+        out = tr.emit(spec.name, ins, attrs)
         return out if len(out) > 1 else out[0]
     return build
 
 
-TABLE[k3c.kda.default] = _custom("kda", 6, ("scale",))
-TABLE[k3c.gated_delta_rule.default] = _custom("gated_delta_rule", 6, ("scale",))
-TABLE[k3c.delta_rule.default] = _custom("delta_rule", 5, ("scale",))
-TABLE[k3c.linear_attention.default] = _custom("linear_attention", 5, ("scale",))
-TABLE[k3c.short_conv.default] = _custom("short_conv", 3, ("activation",))
-TABLE[k3c.causal_attention.default] = _custom("causal_attention", 3, ("scale",))
-TABLE[k3c.mla_attention.default] = _custom("mla_attention", 4, ("v_head_dim", "scale"))
-TABLE[k3c.attn_res_mix.default] = _custom("attn_res_mix", 3, ("eps",))
-TABLE[k3c.moe_gate_up.default] = _custom("moe_gate_up", 3, ())
-TABLE[k3c.moe_down.default] = _custom("moe_down", 4, ())
+for _name, _target in torch_ops().items():
+    TABLE[_target] = _custom(OPS[_name])

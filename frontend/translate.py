@@ -15,15 +15,12 @@ import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 
+from ..errors import CaptureError
 from ..ir import Graph, Node
 from ..ir import dims as D
 from ..ir.ops import OPS
 from ..ir.types import TensorType, dtype_name
 from .source import describe, location
-
-
-class CaptureError(Exception):
-    """The model cannot be captured; the message names what and where."""
 
 
 class UnsupportedOpError(CaptureError):

@@ -6,7 +6,9 @@ dims, so that the IR reads `f32[B, T, 256]` and `P + 1`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 import sympy
 
@@ -33,10 +35,33 @@ def is_static(d: Dim) -> bool:
     return isinstance(d, int)
 
 
+_ASSUMED: ContextVar[list | None] = ContextVar("assumed_equal_dims", default=None)
+
+
 def equal(a: Dim, b: Dim) -> bool:
     if isinstance(a, int) and isinstance(b, int):
         return a == b
-    return sympy.simplify(sympy.sympify(a) - sympy.sympify(b)) == 0
+    diff = sympy.simplify(sympy.sympify(a) - sympy.sympify(b))
+    if diff == 0:
+        return True
+    assumed = _ASSUMED.get()
+    if assumed is not None and diff.free_symbols:  # undecided: equal, and the caller will check it
+        assumed.append((a, b))
+        return True
+    return False
+
+
+@contextmanager
+def assuming_equal() -> Iterator[list]:
+    """Inside the block, dims that may be equal are taken as equal and the pairs collected.
+    torch.export's fake tensors need it: sizes that the dynamic-shape spec makes equal are
+    distinct symbols while tracing, so the fake asserts each pair back to torch."""
+    pairs: list = []
+    token = _ASSUMED.set(pairs)
+    try:
+        yield pairs
+    finally:
+        _ASSUMED.reset(token)
 
 
 def to_str(d: Dim) -> str:
@@ -44,22 +69,13 @@ def to_str(d: Dim) -> str:
 
 
 def parse(text: str, symbols: Mapping[str, sympy.Symbol]) -> Dim:
+    """A dim from its text (an int, or an expression of the declared dims), with bounded work."""
+    from .dim_parser import parse_dim
+
     text = text.strip()
-    if text.lstrip("-").isdigit():
+    if text.lstrip("-").isdigit() and len(text) <= 19:
         return int(text)
-    unknown = _names(text) - set(symbols) - _FUNCS
-    if unknown:
-        raise ValueError(f"undeclared dim {sorted(unknown)[0]!r} in {text!r}")
-    return normalize(sympy.sympify(text, locals=dict(symbols)))
-
-
-_FUNCS = {"ceiling", "floor", "Max", "Min", "Mod", "FloorDiv", "CeilDiv"}
-
-
-def _names(text: str) -> set[str]:
-    import re
-
-    return set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", text))
+    return normalize(parse_dim(text, symbols))
 
 
 def evaluate(d: Dim, env: Mapping[str, int]) -> int:

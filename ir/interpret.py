@@ -7,13 +7,10 @@ from collections.abc import Callable, Sequence
 import sympy
 import torch
 
+from ..errors import InputError
 from . import dims as D
 from .graph import Graph, Node
 from .ops import OPS
-
-
-class InputError(ValueError):
-    """A graph input that does not fit its declared type; the message names the input."""
 
 
 def bind_dims(graph: Graph, inputs: Sequence[torch.Tensor]) -> dict[str, int]:

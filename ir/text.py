@@ -22,17 +22,12 @@ import re
 
 import sympy
 
+from ..errors import ParseError
 from . import dims as D
 from .graph import Graph, Node
 from .types import DTYPES, TensorType
 
 NAME = r"[A-Za-z0-9_.\-]+"
-
-
-class ParseError(ValueError):
-    def __init__(self, lineno: int, line: str, message: str):
-        super().__init__(f"line {lineno}: {message}\n    {line.strip()}")
-        self.lineno = lineno
 
 
 # ---- printing ------------------------------------------------------------------------

@@ -1,21 +1,16 @@
 """The verifier: names the node, the broken rule and the user's source line.
 
-Rules: unknown-op, arity, attr, undefined-value, redefined-value, undeclared-dim,
+Rules: unknown-op, arity, attr (unknown, missing, mistyped or out-of-range attributes),
+undefined-value, redefined-value, undeclared-dim,
 type-mismatch, undefined-output, plus each op's own shape rules (state-shape, qkv-shape, ...).
 """
 
 from __future__ import annotations
 
+from ..errors import VerifyError
 from . import dims as D
 from .graph import Graph, Node
 from .ops import OPS, ShapeError
-
-
-class VerifyError(Exception):
-    def __init__(self, rule: str, message: str, node: Node | None = None):
-        self.rule, self.node = rule, node
-        where = f"node {node.describe()}: " if node is not None else ""
-        super().__init__(f"{where}[{rule}] {message}")
 
 
 def verify(graph: Graph) -> Graph:
@@ -37,8 +32,9 @@ def verify(graph: Graph) -> Graph:
         check_dims(name)
         defined.add(name)
     for name, t in graph.weights.items():
-        if tuple(t.shape) != graph.types[name].shape:
-            raise VerifyError("type-mismatch", f"weight %{name} holds {list(t.shape)}, declared {graph.types[name]}")
+        wtype = graph.types[name]
+        if tuple(t.shape) != wtype.shape or t.dtype != wtype.torch_dtype:
+            raise VerifyError("type-mismatch", f"weight %{name} holds {t.dtype} {list(t.shape)}, declared {wtype}")
     for node in graph.nodes:
         _verify_node(graph, node, defined)
         for o in node.outputs:
@@ -59,13 +55,10 @@ def _verify_node(graph: Graph, node: Node, defined: set[str]) -> None:
     for i in node.inputs:
         if i not in defined:
             raise VerifyError("undefined-value", f"input %{i} is not defined before use", node)
-    unknown = set(node.attrs) - set(spec.attrs)
-    if unknown:
-        raise VerifyError("attr", f"unknown attribute(s) {sorted(unknown)} for {node.op}", node)
-    try:
-        attrs = spec.full_attrs(node.attrs)
-    except KeyError as e:
-        raise VerifyError("attr", f"missing attribute {e.args[0]!r} of {node.op}", node) from None
+    problems = spec.attr_problems(node.attrs)
+    if problems:
+        raise VerifyError("attr", "; ".join(problems), node)
+    attrs = spec.full_attrs(node.attrs)
     try:
         inferred = spec.infer(*[graph.types[i] for i in node.inputs], **attrs)
     except ShapeError as e:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shutil
 import statistics
 import sys
 import tempfile
@@ -18,10 +19,10 @@ from pathlib import Path
 
 import torch
 
-from . import backends as backends_mod
-from . import passes as passes_mod
-from .compiler import capture_entries
-from .diff import format_table, seeded_ids
+from .backends import artifact
+from .compiler import capture_entries, prepare
+from .diff import backend_for, format_table, seeded_ids
+from .errors import UsageError
 
 
 class Progress:
@@ -102,7 +103,21 @@ class BenchReport:
 def bench(model: torch.nn.Module, backends: list[str], *, seq_len: int = 1024, decode_steps: int = 64,
           batch: int = 1, warmup: int = 1, repeats: int = 3, torch_compile: bool = True,
           passes: str | list[str] = "default", out_root: str | Path | None = None,
-          progress: bool = True) -> BenchReport:
+          progress: bool = True, keep: bool = False, force: bool = False) -> BenchReport:
+    """Time eager, torch.compile and each backend (NAME or onnx:FLAVOUR). Without `out_root` the
+    artifacts go to a temporary folder that is removed at the end unless `keep`."""
+    temporary = out_root is None
+    root = Path(tempfile.mkdtemp(prefix="k3c-bench-")) if temporary else Path(out_root)
+    try:
+        return _bench(model, backends, seq_len, decode_steps, batch, warmup, repeats, torch_compile, passes, root,
+                      progress, force)
+    finally:
+        if temporary and not keep:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def _bench(model, backends, seq_len, decode_steps, batch, warmup, repeats, torch_compile, passes, out_root: Path,
+           progress: bool, force: bool) -> BenchReport:
     name = getattr(model, "name", type(model).__name__)
     ids = seeded_ids(model.config.vocab_size, batch, seq_len + decode_steps)
     prompt, steps = ids[:, :seq_len], [ids[:, seq_len + i: seq_len + i + 1] for i in range(decode_steps)]
@@ -142,17 +157,17 @@ def bench(model: torch.nn.Module, backends: list[str], *, seq_len: int = 1024, d
             row.error = f"{type(e).__name__}: {e}"
         report.rows["torch.compile"] = row
         tick("torch.compile")
-    graphs = capture_entries(model, (prompt[:, :16],))
-    graphs = {e: passes_mod.run(g, passes) for e, g in graphs.items()}
-    tick("capture + passes")
-    out_root = Path(out_root) if out_root else Path(tempfile.mkdtemp(prefix="k3c-bench-"))
+    captured = capture_entries(model, (prompt[:, :16],))
+    tick("capture")
     for be_name in backends:
         row = BenchRow(be_name)
         try:
-            be = backends_mod.get(be_name)
+            be = backend_for(be_name)
             t0 = time.perf_counter()
-            be.lower(graphs, out_root / be_name)
-            runner = be.load(out_root / be_name)
+            graphs = prepare(captured, be, passes)  # the pipeline as this backend runs it
+            out = out_root / be_name.replace(":", "-")
+            artifact.write(be, graphs, out, force=force)
+            runner = be.load(out)
             row.compile_seconds = time.perf_counter() - t0
             tick(f"{be_name}: compiled")
 
@@ -161,6 +176,8 @@ def bench(model: torch.nn.Module, backends: list[str], *, seq_len: int = 1024, d
             # the decode graph's state inputs are in the prefill graph's output order
             assert [k for k, _ in graphs["prefill"].outputs[1:]] == graphs["decode"].inputs[1:]
             row.prefill_seconds, row.decode_seconds = run_eager(pre, dstep)
+        except UsageError:  # what the user asked for cannot be done at all (e.g. --out holds something else)
+            raise
         except Exception as e:
             row.error = f"{type(e).__name__}: {e}"
             tick(f"{be_name}: failed")

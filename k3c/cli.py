@@ -1,7 +1,8 @@
 """The `k3c` command: a thin top that composes the public functions of each layer.
 
 Errors a user can cause (an unknown model, a bad flag, an unsupported op) print one line
-and exit non-zero; `--debug` shows the traceback.
+and exit 2; a check that finds a difference exits 1; `--debug` shows the traceback.
+Argument values are checked before any work (cli_checks.py).
 """
 
 from __future__ import annotations
@@ -9,16 +10,30 @@ from __future__ import annotations
 import argparse
 import sys
 
+from . import cli_checks as checks
+from .errors import UsageError
 
-class UserError(Exception):
-    """An error in what the user asked for: printed as one line, exit status 2."""
+UserError = UsageError  # an error in what the user asked for: printed as one line, exit status 2
 
 
 def _cmd_stats(args: argparse.Namespace) -> int:
     from .models.stats import format_stats, model_stats
 
-    print(format_stats(model_stats(args.model, seq_len=args.seq_len)))
+    stats = model_stats(args.model, seq_len=args.seq_len)
+    print(format_stats(stats))
+    if args.json:
+        _write_json(args.json, stats)
     return 0
+
+
+def _write_json(path: str, data: dict) -> None:
+    import json
+
+    try:
+        with open(path, "w") as f:
+            json.dump(data, f, indent=2)
+    except OSError as err:
+        raise UserError(f"--json {path}: cannot write ({err.strerror})") from None
 
 
 def _cmd_ops(args: argparse.Namespace) -> int:
@@ -55,6 +70,7 @@ def _capture_for_cli(args: argparse.Namespace):
 
 
 def _cmd_show(args: argparse.Namespace) -> int:
+    checks.output_file("--dot", args.dot)
     graph = _capture_for_cli(args)
     if args.backend == "tvm":  # the scheduled TensorIR (and Relax) the TVM backend compiles
         from .backends import get
@@ -70,25 +86,32 @@ def _cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
-def _backend_list(text: str) -> list[str]:
-    from .backends import NAMES
-
-    names = list(NAMES) if text == "all" else [b.strip() for b in text.split(",") if b.strip()]
-    unknown = [b for b in names if b not in NAMES]
-    if unknown:
-        raise UserError(f"unknown backend(s) {unknown}; known: {', '.join(NAMES)} or all")
-    return names
+def _backend_list(args: argparse.Namespace, text: str, flag: str) -> list[str]:
+    """The backends of --backends/--backend, onnx once per --flavour, and --out checked."""
+    specs = checks.backend_specs(text, checks.flavours(getattr(args, "flavour", None)), flag)
+    checks.out_root(args.out, specs, args.model, getattr(args, "force", False))
+    return specs
 
 
 def _cmd_diff(args: argparse.Namespace) -> int:
     from . import models
     from .diff import diff, write_json
 
+    checks.output_file("--json", args.json)
+    specs = _backend_list(args, args.backends, "--backends")
+    if args.stress:
+        from .stress import check
+
+        check(args.stress)
     model = models.build(args.model)
-    report = diff(model, _backend_list(args.backends), seq_len=args.seq_len, batch=args.batch,
+    report = diff(model, specs, seq_len=args.seq_len, batch=args.batch,
                   decode_steps=args.decode_steps, passes=args.pipeline, out_root=args.out,
-                  bisect=not args.no_bisect, progress=lambda m: print(m, file=sys.stderr))
+                  bisect=not args.no_bisect, progress=lambda m: print(m, file=sys.stderr), stress=args.stress,
+                  keep=args.keep, force=args.force)
     print(report.table(per_tensor=args.verbose))
+    for b in report.backends.values():
+        if b.first_bad_node and b.first_bad_node.get("how"):
+            print(f"{b.backend}: first bad node found as the {b.first_bad_node['how']}", file=sys.stderr)
     if args.json:
         write_json(report, args.json)
     return 0 if report.ok else 1
@@ -98,10 +121,16 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from . import models
     from .bench import bench, plot, write_json
 
+    checks.output_file("--json", args.json)
+    checks.output_file("--plot", args.plot)
+    if args.plot:
+        checks.plot_available()
+    specs = _backend_list(args, args.backends, "--backends")
     model = models.build(args.model)
-    report = bench(model, _backend_list(args.backends), seq_len=args.seq_len, decode_steps=args.decode_steps,
+    report = bench(model, specs, seq_len=args.seq_len, decode_steps=args.decode_steps,
                    batch=args.batch, warmup=args.warmup, repeats=args.repeats,
-                   torch_compile=not args.no_torch_compile, passes=args.pipeline, out_root=args.out)
+                   torch_compile=not args.no_torch_compile, passes=args.pipeline, out_root=args.out,
+                   keep=args.keep, force=args.force)
     m = report.machine
     print(f"{report.model} on {m['processor']} ({m['cpus']} CPUs, torch {m['torch']}, {m['torch_threads']} threads)")
     print(report.table())
@@ -118,10 +147,10 @@ def _cmd_compile_all(args: argparse.Namespace) -> int:
     from . import models
     from .diff import diff, format_table
 
+    names = _backend_list(args, args.backend, "--backend")
     model = models.build(args.model)
-    names = _backend_list(args.backend)
     report = diff(model, names, seq_len=args.seq_len or 130, decode_steps=4, passes=args.pipeline,
-                  out_root=args.out, progress=lambda m: print(m, file=sys.stderr))
+                  out_root=args.out, progress=lambda m: print(m, file=sys.stderr), force=args.force)
     rows = [("backend", "artifact", "compile s", "max_abs_err", "rel_rms_err", "ok", "warm prefill vs eager")]
     for b in report.backends.values():
         speed = f"{report.eager_prefill_seconds / b.prefill_seconds:.2f}x" if b.prefill_seconds else "-"
@@ -142,24 +171,33 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     from . import compile as k3c_compile
     from . import models
 
-    if args.backend == "all" or "," in args.backend:
+    if args.backend.strip() == "all" or "," in args.backend:
         return _cmd_compile_all(args)
-    aot = args.backend == "triton" and args.target is not None
+    specs = checks.backend_specs(args.backend, checks.flavours(args.flavour or "portable"), "--backend")
+    if len(specs) != 1:
+        raise UsageError(f"--backend {args.backend} with --flavour {args.flavour}: one artifact takes one flavour")
+    name, _, flavour = specs[0].partition(":")
+    aot = name == "triton" and args.target is not None
     if aot:
         from .backends.triton.aot import target
 
         target(args.target)  # an unknown target is said before a slow capture
-    model = models.build(args.model)
     options = {}
-    if args.flavour:
-        options["flavour"] = args.flavour
+    if name == "onnx":
+        options["flavour"] = flavour or "portable"
     if args.target:
         options["target"] = args.target
     if aot and args.seq_len:
         options["seq_len"] = args.seq_len
+    if args.out is not None:  # before the model is built: a target that may not be replaced fails now
+        from .backends import artifact
+
+        artifact.check_target(args.out, backend=name, model=args.model, variant=options.get("flavour") or (
+            (args.target or "llvm") if name == "tvm" else None), force=args.force)
+    model = models.build(args.model)
     try:
-        compiled = k3c_compile(model, args.backend, (_example_ids(model),), out_dir=args.out,
-                               passes=args.pipeline, verbose=True,
+        compiled = k3c_compile(model, name, (_example_ids(model),), out_dir=args.out,
+                               passes=args.pipeline, verbose=True, force=args.force,
                                pass_options={"verify_each": args.verify, "dump_after": args.dump_after}, **options)
     except RuntimeError as e:
         from .backends.triton.aot import AotError
@@ -179,14 +217,22 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with its errors as one line (the usage is what --help is for), exit status 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="k3c", description=__doc__.splitlines()[0])
+    p = _Parser(prog="k3c", description=__doc__.splitlines()[0])
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("stats", help="params, FLOPs per token and state bytes of a model")
     s.add_argument("--model", required=True)
-    s.add_argument("--seq-len", type=int, default=4096, help="context length for FLOPs per token")
+    s.add_argument("--seq-len", type=checks.count(1), default=4096, help="context length for FLOPs per token")
+    s.add_argument("--json", help="also write the figures here (bytes as released under 'bytes')")
     s.set_defaults(func=_cmd_stats)
 
     s = sub.add_parser("ops", help="the backend x op support matrix, read from the lowering tables")
@@ -211,24 +257,32 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--backend", required=True)
     s.add_argument("--out", help="artifact folder (default: a new temporary folder)")
     s.add_argument("--pipeline", default="default", help="pass pipeline (default: default)")
-    s.add_argument("--flavour", choices=["portable", "ort"], help="onnx: custom-op flavour")
+    s.add_argument("--flavour", help="onnx: custom-op flavour, portable or ort (with --backend all: a list, "
+                                     "default portable,ort)")
     s.add_argument("--target", help="tvm: llvm or cuda; triton: sm_80, sm_90 or sm_100 (every kernel compiled "
                    "ahead of time: cubins and kernels.json, no GPU needed)")
     s.add_argument("--dump-after", metavar="PASS", help="print the IR of each entry after this pass")
     s.add_argument("--verify", action="store_true", help="run the verifier after every pass")
-    s.add_argument("--seq-len", type=int, help="with --backend all: prefill length of the check (default 130); "
+    s.add_argument("--seq-len", type=checks.count(1),
+                   help="with --backend all: prefill length of the check (default 130); "
                    "with --target sm_*: the prefill length the kernels are compiled for (default 8192)")
+    s.add_argument("--force", action="store_true", help="replace what --out holds, even another artifact")
     s.set_defaults(func=_cmd_compile)
 
     s = sub.add_parser("diff", help="run eager and backends on the same inputs; exit 1 when one is off")
     s.add_argument("--model", required=True)
     s.add_argument("--backends", required=True, help="comma-separated backend names, or all")
     s.add_argument("--json", help="write the report as JSON to this file")
-    s.add_argument("--seq-len", type=int, default=130)
-    s.add_argument("--batch", type=int, default=2)
-    s.add_argument("--decode-steps", type=int, default=8)
+    s.add_argument("--seq-len", type=checks.count(1), default=130)
+    s.add_argument("--batch", type=checks.count(1), default=2)
+    s.add_argument("--decode-steps", type=checks.count(0), default=8)
     s.add_argument("--pipeline", default="default")
-    s.add_argument("--out", help="folder for the artifacts (default: temporary)")
+    s.add_argument("--flavour", help="onnx flavours to check, comma-separated (default: portable,ort)")
+    s.add_argument("--stress", help="run at weights the defaults never reach: router-low, strong-decay, "
+                                    "large-a-log, situ-saturated, router-ties")
+    s.add_argument("--out", help="folder for the artifacts (default: a temporary one, removed at the end)")
+    s.add_argument("--keep", action="store_true", help="keep the temporary artifacts (their folder is printed)")
+    s.add_argument("--force", action="store_true", help="replace what --out holds, even other artifacts")
     s.add_argument("--no-bisect", action="store_true", help="do not look for the first differing node")
     s.add_argument("-v", "--verbose", action="store_true", help="one row per output and state tensor")
     s.set_defaults(func=_cmd_diff)
@@ -238,36 +292,37 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--backends", required=True, help="comma-separated backend names, or all")
     s.add_argument("--json", help="write the report as JSON to this file")
     s.add_argument("--plot", help="write a PNG plot of the speedups to this file")
-    s.add_argument("--seq-len", type=int, default=1024)
-    s.add_argument("--decode-steps", type=int, default=64)
-    s.add_argument("--batch", type=int, default=1)
-    s.add_argument("--warmup", type=int, default=1)
-    s.add_argument("--repeats", type=int, default=3)
+    s.add_argument("--seq-len", type=checks.count(1), default=1024)
+    s.add_argument("--decode-steps", type=checks.count(0), default=64)
+    s.add_argument("--batch", type=checks.count(1), default=1)
+    s.add_argument("--warmup", type=checks.count(0), default=1)
+    s.add_argument("--repeats", type=checks.count(1), default=3)
     s.add_argument("--no-torch-compile", action="store_true", help="skip the torch.compile baseline")
     s.add_argument("--pipeline", default="default")
-    s.add_argument("--out", help="folder for the artifacts (default: temporary)")
+    s.add_argument("--flavour", help="onnx flavours to time, comma-separated (default: portable,ort)")
+    s.add_argument("--out", help="folder for the artifacts (default: a temporary one, removed at the end)")
+    s.add_argument("--keep", action="store_true", help="keep the temporary artifacts")
+    s.add_argument("--force", action="store_true", help="replace what --out holds, even other artifacts")
     s.set_defaults(func=_cmd_bench)
     return p
 
 
 def _k3c_errors() -> tuple[type, ...]:
     """k3c's own error types: what they say is meant for the user, without a traceback."""
-    from .backends.base import UnsupportedNodeError
-    from .frontend.translate import CaptureError
-    from .ir import InputError, ParseError, VerifyError
+    from .errors import user_errors
 
-    return (CaptureError, UnsupportedNodeError, VerifyError, ParseError, InputError)
+    return user_errors()
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (UserError, KeyError, ValueError, TypeError, FileNotFoundError, ImportError, *_k3c_errors()) as e:
+    except (KeyError, ValueError, TypeError, FileNotFoundError, ImportError, *_k3c_errors()) as e:
         if args.debug:
             raise
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
-        print(f"k3c {args.command}: error: {msg}", file=sys.stderr)
+        print(f"k3c {args.command}: error: {' '.join(str(msg).split())}", file=sys.stderr)
         return 2
 
 

@@ -10,6 +10,8 @@ from pathlib import Path
 import torch
 
 from . import backends
+from .backends import artifact
+from .errors import InputError
 from .frontend import capture
 from .ir import Graph
 
@@ -22,6 +24,37 @@ def capture_entries(model: torch.nn.Module, example_inputs: tuple, dynamic: bool
     return {"forward": capture(model, example_inputs, dynamic)}
 
 
+def check_state_names(names: list[str], state, model: str | None = None) -> None:
+    """A decode state must hold exactly the entries the decode graph takes: an InputError
+    names a missing one (a layer would start from nothing) or a foreign one (another model's)."""
+    if not isinstance(state, dict):
+        raise InputError(f"decode: state must be the dict prefill returned, got {type(state).__name__}")
+    missing = [n for n in names if n not in state]
+    if missing:
+        raise InputError(f"decode: the state lacks {missing[:3]}{' ...' if len(missing) > 3 else ''}")
+    extra = sorted(set(state) - set(names))
+    if extra:
+        raise InputError(f"decode: the state has {extra[:3]}{' ...' if len(extra) > 3 else ''}, which "
+                         f"{model or 'this model'} does not have (a state of another model?)")
+
+
+def rebind_weights(graphs: dict[str, Graph], model: torch.nn.Module) -> dict[str, Graph]:
+    """Copies of `graphs` (captured from a model of the same structure as `model`) that hold
+    `model`'s weights: a capture is the same for any weight values, so a re-weighted model
+    (a k3c diff --stress) need not be exported again. Weights are matched by name."""
+    named = dict(model.named_parameters(remove_duplicate=False)) | dict(model.named_buffers(remove_duplicate=False))
+    out = {}
+    for entry, g in graphs.items():
+        missing = [w for w in g.weights if w not in named or tuple(named[w].shape) != tuple(g.weights[w].shape)]
+        if missing:
+            raise ValueError(f"{entry}: the model has no weight {missing[0]!r} of shape "
+                             f"{list(g.weights[missing[0]].shape)}: not the model these graphs were captured from")
+        g = g.copy()
+        g.weights = {w: named[w] for w in g.weights}
+        out[entry] = g
+    return out
+
+
 class CompiledModel:
     """A compiled model: `model(input_ids) -> logits`, `prefill`, `decode` like the eager one.
 
@@ -31,6 +64,7 @@ class CompiledModel:
     def __init__(self, runner, graphs: dict[str, Graph], out_dir: Path, backend: str,
                  timings: dict[str, float] | None = None):
         self.runner, self.graphs, self.out_dir, self.backend = runner, graphs, Path(out_dir), backend
+        self.model_name = next(iter(graphs.values())).meta.get("model")
         self.timings = timings or {}
 
     def __call__(self, *inputs: torch.Tensor):
@@ -46,49 +80,67 @@ class CompiledModel:
 
     def decode(self, input_ids: torch.Tensor, state: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict]:
         g = self.graphs["decode"]
-        missing = [n for n in g.inputs[1:] if n not in state]
-        if missing:
-            raise KeyError(f"decode state lacks {missing[:4]}{' ...' if len(missing) > 4 else ''}")
+        check_state_names(g.inputs[1:], state, self.model_name)
         outs = self.runner.run("decode", input_ids, *[state[n] for n in g.inputs[1:]])
         names = [k for k, _ in g.outputs]
         return outs[0], dict(zip(names[1:], outs[1:]))
 
 
+def prepare(graphs: dict[str, Graph], be, passes: str | list[str] = "default",
+            pass_options: dict | None = None) -> dict[str, Graph]:
+    """The graphs `be` lowers: the pass pipeline with the backend's choices in it (the
+    recurrent ops it takes whole stay whole through chunk-delta-rule), then every node the
+    backend has no lowering for rewritten into its op's decomposition. An op that is neither
+    lowered nor decomposable is an UnsupportedNodeError naming it and the model line."""
+    from . import passes as passes_mod
+
+    steps = passes_mod.for_backend(passes_mod.steps_of(passes), keep=getattr(be, "takes_whole", ()))
+    recorded = passes if steps == passes_mod.steps_of(passes) else steps  # what an artifact says it ran
+    out = {}
+    for entry, g in graphs.items():
+        g = passes_mod.run(g, steps, **(pass_options or {}))
+        passes_mod.legalize(g, be.supports)
+        backends.check_supported(be, g)
+        g.meta.setdefault("pipeline", recorded)
+        out[entry] = g
+    return out
+
+
 def compile(model: torch.nn.Module, backend: str, example_inputs: tuple, out_dir: str | Path | None = None,
             passes: str | list[str] = "default", *, dynamic: bool = True, verbose: bool = False,
-            pass_options: dict | None = None, **options) -> CompiledModel:
+            pass_options: dict | None = None, force: bool = False, **options) -> CompiledModel:
     """Compile `model` for `backend` ("reference", "onnx", "tvm", "triton").
 
     Writes the artifact to `out_dir` (a new temporary folder when None) and returns a
-    callable backed by it. An op the backend cannot lower is an UnsupportedNodeError that
-    names every such node, the backend and the model line. `pass_options` go to
+    callable backed by it. `options` configure the backend (onnx: flavour, providers,
+    threads; tvm: target). The artifact is built beside `out_dir` and moved into place when
+    complete; a folder that holds anything but an artifact of this model for this backend is
+    not replaced unless `force`. An op the backend cannot lower is an UnsupportedNodeError
+    that names every such node, the backend and the model line. `pass_options` go to
     `k3c.passes.run` (verify_each, dump_after, report).
     """
-    from . import passes as passes_mod
-
     if not isinstance(example_inputs, tuple):
         example_inputs = (example_inputs,)
-    be = backends.get(backend, **options.pop("backend_options", {}))
+    be = backends.get(backend, **{**options.pop("backend_options", {}), **options})
+    if out_dir is not None:  # before the slow part: a target that may not be replaced fails now
+        artifact.check_target(out_dir, backend=be.name, model=getattr(model, "name", type(model).__name__),
+                              variant=artifact.variant_of(be), force=force)
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     graphs = capture_entries(model, example_inputs, dynamic)
     timings["capture"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    graphs = {e: passes_mod.run(g, passes, **(pass_options or {})) for e, g in graphs.items()}
+    graphs = prepare(graphs, be, passes, pass_options)
     timings["passes"] = time.perf_counter() - t0
     for g in graphs.values():  # what the artifact came from, for backends that record it (onnx)
-        g.meta.setdefault("pipeline", passes)
         if dataclasses.is_dataclass(getattr(model, "config", None)):
             g.meta.setdefault("config", dataclasses.asdict(model.config))
-    for g in graphs.values():
-        backends.check_supported(be, g)
     out = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix=f"k3c-{backend}-"))
-    out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    be.lower(graphs, out, **options)
+    artifact.write(be, graphs, out, force=force)
     timings["lower"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    runner = be.load(out, **options)
+    runner = be.load(out)
     timings["load"] = time.perf_counter() - t0
     if verbose:
         print(f"compiled {getattr(model, 'name', type(model).__name__)} for {backend} into {out}: "

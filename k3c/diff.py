@@ -1,15 +1,22 @@
 """Differential testing: the same seeded inputs through eager PyTorch and each backend.
 
 Prefill at a length several chunks beyond the one captured, then a decode loop that feeds
-each backend its own state. Every output and state tensor is compared under the tolerance
-table of k3c.numerics. When a backend is off, `bisect` names the first IR node whose output
-differs, by compiling growing prefixes of the graph for that backend and comparing them with
-the interpreter (as torch.onnx.verification compares intermediates).
+each backend its own state. Every output and state tensor is compared with eager under a
+tolerance derived from the model itself (k3c.numerics.model_tolerance): the eager model is
+also run in float64, and a backend may differ from eager by a few times eager's own distance
+from that. When a backend is off, the first IR node whose output is off given correct
+inputs is named (k3c.bisect).
+
+Backends are named as on the command line: `onnx` (the portable flavour), `onnx:ort`, `tvm`,
+`triton`, `reference`. Artifacts go to `out_root/NAME` (a temporary folder, removed at the end
+unless `keep`).
 """
 
 from __future__ import annotations
 
+import copy
 import json
+import shutil
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
@@ -18,11 +25,11 @@ from pathlib import Path
 import torch
 
 from . import backends as backends_mod
-from . import passes as passes_mod
-from .compiler import capture_entries
-from .ir import Graph, Node, interpret
-from .ir.extract import extract
-from .numerics import TOLERANCES, Tolerance, compare
+from .backends import artifact
+from .bisect import first_divergent_node, first_divergent_prefix  # noqa: F401  (public names)
+from .compiler import capture_entries, prepare, rebind_weights
+from .errors import UsageError
+from .numerics import Tolerance, compare, model_tolerance, rel_rms_err
 
 
 @dataclass
@@ -31,6 +38,9 @@ class TensorDiff:
     max_abs_err: float
     rel_rms_err: float
     ok: bool
+    tol_max_abs: float = 0.0
+    tol_rel_rms: float = 0.0
+    noise_rel_rms: float = 0.0  # eager's own distance from its float64 copy: what the tolerance follows
 
 
 @dataclass
@@ -46,11 +56,24 @@ class BackendDiff:
     first_bad_node: dict | None = None
     error: str | None = None
 
-    def add(self, name: str, actual: torch.Tensor, expected: torch.Tensor) -> None:
-        c = compare(actual, expected)
-        self.tensors.append(TensorDiff(name, c.max_abs_err, c.rel_rms_err, c.ok))
+    def add(self, name: str, actual: torch.Tensor, expected: torch.Tensor, tol: Tolerance | None = None,
+            noise: float = 0.0) -> None:
+        c = compare(actual, expected, tolerance=tol)
+        self.tensors.append(TensorDiff(name, c.max_abs_err, c.rel_rms_err, c.ok,
+                                       tol.max_abs if tol else 0.0, tol.rel_rms if tol else 0.0, noise))
         self.max_abs_err = max(self.max_abs_err, c.max_abs_err)
         self.rel_rms_err = max(self.rel_rms_err, c.rel_rms_err)
+
+    @property
+    def worst_margin(self) -> float:
+        """The largest rel_rms_err / tolerance over the tensors (ok means every one <= 1)."""
+        return max((t.rel_rms_err / t.tol_rel_rms for t in self.tensors if t.tol_rel_rms), default=0.0)
+
+
+def one_line(text: str, limit: int = 110) -> str:
+    """An error message as one line: whitespace collapsed, cut at `limit` characters."""
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 @dataclass
@@ -59,28 +82,30 @@ class DiffReport:
     shapes: dict
     backends: dict[str, BackendDiff]
     eager_prefill_seconds: float = 0.0
+    stress: str | None = None
 
     @property
     def ok(self) -> bool:
         return all(b.ok for b in self.backends.values())
 
     def to_json(self) -> dict:
-        return {"model": self.model, "shapes": self.shapes, "ok": self.ok,
+        return {"model": self.model, "shapes": self.shapes, "stress": self.stress, "ok": self.ok,
                 "backends": {k: asdict(v) for k, v in self.backends.items()}}
 
     def table(self, per_tensor: bool = False) -> str:
-        rows = [("backend", "ok", "max_abs_err", "rel_rms_err", "compile s", "first bad node")]
+        rows = [("backend", "ok", "max_abs_err", "rel_rms_err", "of tol", "compile s", "first bad node")]
         for b in self.backends.values():
             bad = ""
             if b.error:
-                bad = b.error.splitlines()[0][:70]
+                bad = one_line(b.error)
             elif b.first_bad_node:
                 bad = f"%{b.first_bad_node['value']} = {b.first_bad_node['op']} at {b.first_bad_node['loc']}"
             rows.append((b.backend, "yes" if b.ok else "NO", f"{b.max_abs_err:.2e}", f"{b.rel_rms_err:.2e}",
-                         f"{b.compile_seconds:.1f}", bad))
+                         f"{b.worst_margin:.2f}" if b.tensors else "", f"{b.compile_seconds:.1f}", bad))
             if per_tensor:
-                rows.extend(("  " + t.name, "yes" if t.ok else "NO", f"{t.max_abs_err:.2e}",
-                             f"{t.rel_rms_err:.2e}", "", "") for t in b.tensors)
+                rows.extend(("  " + t.name, "yes" if t.ok else "NO", f"{t.max_abs_err:.2e}", f"{t.rel_rms_err:.2e}",
+                             f"{t.rel_rms_err / t.tol_rel_rms:.2f}" if t.tol_rel_rms else "", "", "")
+                            for t in b.tensors)
         return format_table(rows)
 
 
@@ -95,122 +120,147 @@ def seeded_ids(vocab: int, B: int, T: int, seed: int = 0) -> torch.Tensor:
     return torch.randint(0, vocab, (B, T), generator=torch.Generator().manual_seed(seed))
 
 
+def backend_for(spec: str):
+    """A backend object from a name as `diff` takes it: NAME or NAME:FLAVOUR (onnx:ort)."""
+    name, _, variant = spec.partition(":")
+    if variant and name != "onnx":
+        raise UsageError(f"backend {spec!r}: only onnx has flavours (onnx:portable, onnx:ort)")
+    return backends_mod.get(name, **({"flavour": variant} if variant else {}))
+
+
+@dataclass
+class _Eager:
+    """The eager model's outputs on the diff's inputs, and the tolerance of each."""
+
+    prefill: tuple[torch.Tensor, dict]
+    steps: list[torch.Tensor]
+    final: dict
+    tol: dict[str, Tolerance]
+    noise: dict[str, float]
+
+
+def _run_eager(model, ids, seq_len: int, decode_steps: int):
+    logits, state = model.prefill(ids[:, :seq_len])
+    steps, st = [], state
+    for i in range(decode_steps):
+        lg, st = model.decode(ids[:, seq_len + i: seq_len + i + 1], st)
+        steps.append(lg)
+    return (logits, state), steps, st
+
+
+def _eager(model, ids, seq_len: int, decode_steps: int) -> _Eager:
+    (logits, state), steps, final = _run_eager(model, ids, seq_len, decode_steps)
+    exact = copy.deepcopy(model).double()  # the yardstick of the tolerances (numerics.model_tolerance)
+    (x_logits, x_state), x_steps, x_final = _run_eager(exact, ids, seq_len, decode_steps)
+    pairs = {"prefill/logits": (logits, x_logits)}
+    pairs.update({f"prefill/{k}": (v, x_state[k]) for k, v in state.items()})
+    pairs.update({f"decode{i}/logits": ab for i, ab in enumerate(zip(steps, x_steps))})
+    pairs.update({f"final/{k}": (v, x_final[k]) for k, v in final.items()})
+    tol = {k: model_tolerance(a, b) for k, (a, b) in pairs.items()}
+    noise = {k: rel_rms_err(a, b) for k, (a, b) in pairs.items()}
+    return _Eager((logits, state), steps, final, tol, noise)
+
+
 @torch.no_grad()
 def diff(model: torch.nn.Module, backends: list[str], *, seq_len: int = 130, batch: int = 2,
          decode_steps: int = 8, capture_len: int = 16, passes: str | list[str] = "default", seed: int = 0,
-         out_root: str | Path | None = None, bisect: bool = True, progress=None) -> DiffReport:
-    """Compare each backend with eager `model` on prefill(seq_len) and `decode_steps` decode steps."""
+         out_root: str | Path | None = None, bisect: bool = True, progress=None, stress: str | None = None,
+         keep: bool = False, force: bool = False, captured: dict | None = None,
+         timing: bool = True) -> DiffReport:
+    """Compare each backend with eager `model` on prefill(seq_len) and `decode_steps` decode steps.
+
+    `stress` runs it at the weights of a k3c.stress edit. Without `out_root` the artifacts go
+    to a temporary folder that is removed at the end unless `keep`. `captured`: the graphs of
+    `capture_entries` for this model (or one of its structure: its weights are rebound), not
+    yet through the passes. `timing` False skips the second (timed) prefill of each backend."""
+    if not backends:
+        raise UsageError("no backend to compare")
+    if decode_steps < 0 or seq_len < 1 or batch < 1:
+        raise UsageError(f"seq_len {seq_len}, batch {batch} must be >= 1 and decode_steps {decode_steps} >= 0")
     say = progress or (lambda msg: None)
-    vocab = model.config.vocab_size
-    ids = seeded_ids(vocab, batch, seq_len + decode_steps, seed)
     name = getattr(model, "name", type(model).__name__)
-    say(f"capturing {name}")
-    graphs = capture_entries(model, (ids[:, :capture_len],))
-    graphs = {e: passes_mod.run(g, passes) for e, g in graphs.items()}
-    ref_logits, ref_state = model.prefill(ids[:, :seq_len])
+    if stress:
+        from .stress import stressed
+
+        model = stressed(model, stress)
+        say(f"stress {stress}: {model.stress}")
+    ids = seeded_ids(model.config.vocab_size, batch, seq_len + decode_steps, seed)
+    if captured is None:
+        say(f"capturing {name}")
+        captured = capture_entries(model, (ids[:, :capture_len],))
+    captured = rebind_weights(captured, model)
+    ref = _eager(model, ids, seq_len, decode_steps)
     t0 = time.perf_counter()  # the speed column compares warm runs: a second prefill
-    model.prefill(ids[:, :seq_len])
-    eager_s = time.perf_counter() - t0
-    ref_steps, st = [], ref_state
-    for i in range(decode_steps):
-        lg, st = model.decode(ids[:, seq_len + i: seq_len + i + 1], st)
-        ref_steps.append(lg)
-    ref_final = st
-    out_root = Path(out_root) if out_root else Path(tempfile.mkdtemp(prefix="k3c-diff-"))
+    if timing:
+        model.prefill(ids[:, :seq_len])
+    eager_s = time.perf_counter() - t0 if timing else 0.0
+    temporary = out_root is None
+    root = Path(tempfile.mkdtemp(prefix="k3c-diff-")) if temporary else Path(out_root)
     report = DiffReport(name, {"batch": batch, "prefill_len": seq_len, "decode_steps": decode_steps,
-                               "capture_len": capture_len}, {}, eager_s)
-    for be_name in backends:
-        say(f"{be_name}: lowering and running")
-        report.backends[be_name] = _diff_backend(be_name, graphs, ids, seq_len, decode_steps, ref_logits,
-                                                 ref_state, ref_steps, ref_final, out_root / be_name, bisect, say)
+                               "capture_len": capture_len}, {}, eager_s, stress)
+    try:
+        for spec in backends:
+            say(f"{spec}: lowering and running")
+            report.backends[spec] = _diff_backend(spec, captured, passes, ids, seq_len, decode_steps, ref,
+                                                  root / spec.replace(":", "-"), bisect, force, keep, timing, say)
+    finally:
+        if temporary and not keep:
+            shutil.rmtree(root, ignore_errors=True)
+            for b in report.backends.values():
+                b.artifact = ""
     return report
 
 
-def _diff_backend(be_name, graphs, ids, seq_len, decode_steps, ref_logits, ref_state, ref_steps, ref_final,
-                  out_dir: Path, bisect: bool, say) -> BackendDiff:
-    d = BackendDiff(be_name, artifact=str(out_dir))
+def _diff_backend(spec: str, captured, passes, ids, seq_len: int, decode_steps: int, ref: _Eager, out_dir: Path,
+                  bisect: bool, force: bool, keep: bool, timing: bool, say) -> BackendDiff:
+    d = BackendDiff(spec, artifact=str(out_dir))
     try:
-        be = backends_mod.get(be_name)
-        for g in graphs.values():
-            backends_mod.check_supported(be, g)
+        be = backend_for(spec)
+        graphs = prepare(captured, be, passes)  # the pipeline as this backend runs it, legalized
         t0 = time.perf_counter()
-        be.lower(graphs, out_dir)
+        artifact.write(be, graphs, out_dir, force=force)
         runner = be.load(out_dir)
         d.compile_seconds = time.perf_counter() - t0
         outs = runner.run("prefill", ids[:, :seq_len])  # the first run also starts the runtime up
-        t0 = time.perf_counter()
-        runner.run("prefill", ids[:, :seq_len])
-        d.prefill_seconds = time.perf_counter() - t0
+        if timing:
+            t0 = time.perf_counter()
+            runner.run("prefill", ids[:, :seq_len])
+            d.prefill_seconds = time.perf_counter() - t0
+    except UsageError:
+        raise
     except Exception as e:  # a backend that cannot compile the model is a failed backend
         d.error = f"{type(e).__name__}: {e}"
         return d
     names = [k for k, _ in graphs["prefill"].outputs]
-    d.add("prefill/logits", outs[0], ref_logits)
+    d.add("prefill/logits", outs[0], ref.prefill[0], ref.tol["prefill/logits"], ref.noise["prefill/logits"])
     state = dict(zip(names[1:], outs[1:]))
     for k, v in state.items():
-        d.add(f"prefill/{k}", v, ref_state[k])
+        d.add(f"prefill/{k}", v, ref.prefill[1][k], ref.tol[f"prefill/{k}"], ref.noise[f"prefill/{k}"])
     dec = graphs["decode"]
     try:
         for i in range(decode_steps):
             outs = runner.run("decode", ids[:, seq_len + i: seq_len + i + 1], *[state[k] for k in dec.inputs[1:]])
-            d.add(f"decode{i}/logits", outs[0], ref_steps[i])
+            d.add(f"decode{i}/logits", outs[0], ref.steps[i], ref.tol[f"decode{i}/logits"],
+                  ref.noise[f"decode{i}/logits"])
             state = dict(zip([k for k, _ in dec.outputs[1:]], outs[1:]))
     except Exception as e:
         d.error = f"decode: {type(e).__name__}: {e}"
         return d
     for k, v in state.items():
-        d.add(f"final/{k}", v, ref_final[k])
+        d.add(f"final/{k}", v, ref.final[k], ref.tol[f"final/{k}"], ref.noise[f"final/{k}"])
     d.ok = all(t.ok for t in d.tensors)
     if not d.ok and bisect:
-        say(f"{be_name}: off; bisecting the prefill graph")
-        bad = first_divergent_node(be, graphs["prefill"], [ids[:, :seq_len]], out_dir / "bisect")
-        d.first_bad_node = bad
+        say(f"{spec}: off; looking for the first node that is off on correct inputs")
+        work = Path(tempfile.mkdtemp(prefix=f"k3c-bisect-{out_dir.name}-"))
+        try:
+            d.first_bad_node = first_divergent_node(be, graphs["prefill"], [ids[:, :seq_len]], work)
+        except Exception as e:
+            d.first_bad_node = {"index": -1, "op": "?", "value": "?", "loc": "?",
+                                "how": f"bisection failed: {one_line(f'{type(e).__name__}: {e}')}"}
+        finally:
+            if not keep:
+                shutil.rmtree(work, ignore_errors=True)
     return d
-
-
-def first_divergent_node(backend, graph: Graph, inputs: list[torch.Tensor], workdir: Path,
-                         tolerance: dict[torch.dtype, Tolerance] | None = None) -> dict | None:
-    """The first node (in graph order) whose outputs, computed by `backend` on a prefix of the
-    graph, differ from the interpreter's beyond tolerance; None when all agree.
-
-    Binary search over node positions: the probe for position i is the prefix of the graph
-    up to node i with every floating-point value it computes as an output, so "some node up to
-    i is off" is monotone in i even when the graph branches.
-    """
-    tolerance = tolerance or TOLERANCES
-    reference: dict[str, torch.Tensor] = {}
-
-    def observe(node: Node, outs):
-        reference.update(zip(node.outputs, outs))
-
-    interpret(graph, *inputs, observe=observe)
-    floats = [i for i, n in enumerate(graph.nodes)
-              if n.op not in ("const", "full", "arange") and graph.types[n.outputs[0]].dtype.startswith(("f", "bf"))]
-
-    def off(value: str, actual: torch.Tensor) -> bool:
-        tol = tolerance.get(actual.dtype)
-        c = compare(actual, reference[value])
-        return tol is not None and not (c.finite and c.rel_rms_err <= tol.rel_rms)
-
-    def first_bad_in_prefix(i: int) -> str | None:
-        values = [o for n in graph.nodes[: i + 1] for o in n.outputs if o in reference
-                  and graph.types[o].dtype.startswith(("f", "bf"))]
-        d = workdir / f"upto{i}"
-        backend.lower({"probe": extract(graph, values, name="probe")}, d)
-        outs = backend.load(d).run("probe", *inputs)
-        return next((v for v, o in zip(values, outs) if off(v, o)), None)
-
-    if not floats or first_bad_in_prefix(floats[-1]) is None:
-        return None
-    lo, hi = 0, len(floats) - 1  # invariant: the prefix up to floats[hi] has an off value
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if first_bad_in_prefix(floats[mid]) is not None:
-            hi = mid
-        else:
-            lo = mid + 1
-    node = graph.nodes[floats[hi]]
-    return {"index": floats[hi], "op": node.op, "value": node.outputs[0], "loc": node.loc or "?"}
 
 
 def write_json(report: DiffReport, path: str | Path) -> None:

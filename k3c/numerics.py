@@ -1,8 +1,23 @@
-"""The one tolerance table, and the error measures every comparison in k3c uses.
+"""The one tolerance table, how a comparison derives its tolerance, and the error measures.
 
 Long recurrences accumulate rounding, so a comparison checks both the worst element
 (max-abs, scaled by the reference's magnitude) and the relative RMS error
 `rms(a - b) / rms(b)`.
+
+Where each tolerance comes from. Two evaluations of one computation in a dtype with unit
+roundoff u that differ only in the order of their roundings (another reduction tree, a
+chunked instead of a recurrent form, a fused epilogue) differ by about kappa sqrt(n) u in
+relative RMS: n the longest chain of roundings (a reduction's length), kappa the condition
+of the computation (how much it amplifies a relative change of its inputs).
+
+- `TOLERANCES[dtype]`: one op, or a kernel against its definition, at the sizes the tests
+  use; each row says why it is what it is.
+- `model_tolerance`: a whole model (k3c diff). Its kappa sqrt(n) u is not guessed: it is
+  measured, as the distance between the eager model in its dtype and the same model in
+  float64 (`noise`), and a backend may differ from eager by `MODEL_SAFETY_*` times that, and
+  never by less than the dtype's row (see model_tolerance for why that floor is needed).
+- `elementwise_off`: an elementwise op given the reference's own inputs (the bisection): each
+  element within `ELEMENTWISE_ULPS` u of the reference, in relative terms.
 """
 
 from __future__ import annotations
@@ -18,13 +33,65 @@ class Tolerance:
     rel_rms: float  # on rms(a - b) / rms(b)
 
 
-# One row per dtype of the compared computation.
+UNIT_ROUNDOFF: dict[torch.dtype, float] = {
+    torch.float64: 2.0**-53, torch.float32: 2.0**-24, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8,
+}
+
+# One row per dtype of the compared computation. rel_rms: kappa sqrt(n) u for the largest op
+# the tests compare at this row, with 2.5x to spare; max_abs: the worst of ~1e5 elements of an
+# error of that RMS is about 4.5 sigma, on values whose max is about 4 times their RMS.
 TOLERANCES: dict[torch.dtype, Tolerance] = {
+    # u = 1.1e-16. fp64 runs only the definitions against each other (the recurrent and the
+    # chunked form of one op, T <= 130 steps of K = V <= 64): sqrt(130 * 64) u = 1e-14, with
+    # kappa up to 40 under strong decay (the WY inverse) -> 4e-13 -> 1e-12.
     torch.float64: Tolerance(max_abs=1e-10, rel_rms=1e-12),
+    # u = 6e-8. A recurrence of up to T = 130 steps over K, V <= 64 (the longest chain the op
+    # tests run; their inputs are K = 32, V = 48) rounds along at most sqrt(130 * 64) = 91
+    # steps: 5.4e-6 at kappa 1 -> 1e-5 allows kappa 1.8.
     torch.float32: Tolerance(max_abs=1e-4, rel_rms=1e-5),
+    # u = 4.9e-4 (and bf16 u = 3.9e-3): the reduced-precision kernels keep fp32 state and
+    # accumulate in fp32, so only the rounding of inputs and outputs to the narrow type counts,
+    # about 10 u in RMS.
     torch.float16: Tolerance(max_abs=2e-2, rel_rms=5e-3),
     torch.bfloat16: Tolerance(max_abs=6e-2, rel_rms=2e-2),
 }
+
+# BF16 compute against fp32 on the same (bf16-valued) weights and the same inputs, for one
+# block (a token mixer, an MLP or MoE block, an AttnRes mix; routing cannot flip there: the
+# router is fp32 on identical inputs). Why it is what it is:
+#   one rounding to bf16 (8 significant bits, u = 2^-8) errs by about u / sqrt(6) = 1.6e-3
+#   relative RMS (uniform over an ulp, weighted by 1/|x| across a binade; 1.66e-3 measured
+#   on Gaussian data): take 1.7e-3;
+#   a block rounds at most 16 times in sequence (every op's output is cast back to bf16;
+#   GEMMs accumulate in fp32 inside), and independent errors add in quadrature: 4 x 1.7e-3;
+#   x 2 for ops whose gain exceeds one (SiTU / SiLU slopes up to 1.1, sigmoid gates, the
+#   division of a norm): rel_rms 1.4e-2;
+#   max_abs (scaled by max(1, max|b|)): an element's error is ~ rel_rms x rms(b), and the
+#   largest of ~1e5 Gaussian errors is under 5 sigma: 5 x 1.4e-2 = 7e-2.
+# A stack of n blocks (a dense model end to end) adds n such errors: `bf16_vs_fp32(n)`,
+# sqrt(n) times the row. Measured (k3-tiny, kimi-linear-tiny, T = 130): 3.6e-3 to 5.6e-3 a
+# block; whole dense models 5e-3 (gpt2-tiny, 4 blocks) to 3.2e-2 (k3-tiny, 18 blocks + 19 mixes).
+BF16_VS_FP32 = Tolerance(max_abs=7e-2, rel_rms=1.4e-2)
+
+
+def bf16_vs_fp32(blocks: int = 1) -> Tolerance:
+    """The BF16_VS_FP32 row for `blocks` blocks in sequence (errors add in quadrature)."""
+    k = max(1, blocks) ** 0.5
+    return Tolerance(max_abs=BF16_VS_FP32.max_abs * k, rel_rms=BF16_VS_FP32.rel_rms * k)
+# k3c diff: a backend and the eager model are two evaluations in one dtype, each off from the
+# exact result by about the measured noise, so they differ by about sqrt(2) noise in RMS; the
+# backend's algorithm may round along a different chain (chunked vs recurrent, blocked GEMMs),
+# which changes the constant of kappa sqrt(n) u by up to 2: 2 sqrt(2) -> 4. The worst element
+# is a tail statistic (its spread over 1e4 to 1e6 elements): twice the RMS factor.
+MODEL_SAFETY_RMS = 4.0
+MODEL_SAFETY_MAX = 8.0
+# One elementwise op on identical inputs: IEEE's +, -, *, /, sqrt are correctly rounded (0.5 u);
+# the transcendental functions of onnxruntime, TVM and Triton measure within 5 u of float64 over
+# the float range (tests/numerics/test_elementwise.py); compositions (silu = x sigmoid(x),
+# softplus's threshold) add two roundings. 16 u leaves 3x; a 1e-4 relative error (onnxruntime's
+# Sigmoid at x = -10) is 1700 u.
+ELEMENTWISE_ULPS = 16.0
+SMALLEST_NORMAL: dict[torch.dtype, float] = {dt: float(torch.finfo(dt).tiny) for dt in UNIT_ROUNDOFF}
 
 
 def max_abs_err(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -59,11 +126,13 @@ class Comparison:
     ok: bool
 
 
-def compare(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype | None = None) -> Comparison:
-    """Compare two tensors of one shape under the table row of `dtype` (default: expected's)."""
+def compare(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype | None = None,
+            tolerance: Tolerance | None = None) -> Comparison:
+    """Compare two tensors of one shape under `tolerance` (default: the row of `dtype`, or of
+    expected's dtype)."""
     if tuple(actual.shape) != tuple(expected.shape):
         raise ValueError(f"shape mismatch: {tuple(actual.shape)} vs {tuple(expected.shape)}")
-    tol = TOLERANCES.get(dtype or expected.dtype, TOLERANCES[torch.float32])
+    tol = tolerance or TOLERANCES.get(dtype or expected.dtype, TOLERANCES[torch.float32])
     finite = bool(torch.isfinite(actual).all()) if actual.is_floating_point() else True
     mae, rr = max_abs_err(actual, expected), rel_rms_err(actual, expected)
     ok = finite and scaled_max_abs_err(actual, expected) <= tol.max_abs and rr <= tol.rel_rms
@@ -79,3 +148,37 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtyp
             f"{what or 'tensor'} off: max_abs_err={c.max_abs_err:.3e} rel_rms_err={c.rel_rms_err:.3e}"
             f" finite={c.finite}")
     return c
+
+
+def model_tolerance(eager: torch.Tensor, exact: torch.Tensor, dtype: torch.dtype | None = None) -> Tolerance:
+    """The tolerance of a backend against `eager` for one output of a whole model: the safety
+    factors times the noise of `eager` (the model in its dtype) against `exact` (the same
+    model in float64), and at least the dtype's row.
+
+    Why the floor: the float64 copy is not float64 throughout. k3c's models and kernels keep
+    fp32 islands on purpose (norms, the router, the recurrent kernels cast with `.float()`, the
+    chunked form and the expert accumulator are fp32 by construction), so where the two runs
+    feed an island nearly the same bits they share its rounding, and the measured noise misses
+    it. Where that rounding is amplified (the router at low scores: a sigmoid of a large
+    negative score has a condition of |x|) the measured noise alone is too low by 2x; the row,
+    kappa sqrt(n) u of one op, is what such an island contributes at least."""
+    row = TOLERANCES.get(dtype or eager.dtype, TOLERANCES[torch.float32])
+    return Tolerance(max_abs=max(row.max_abs, MODEL_SAFETY_MAX * scaled_max_abs_err(eager, exact)),
+                     rel_rms=max(row.rel_rms, MODEL_SAFETY_RMS * rel_rms_err(eager, exact)))
+
+
+def elementwise_off(actual: torch.Tensor, expected: torch.Tensor) -> tuple[bool, float]:
+    """(off, worst relative error): each element of an elementwise op's result within
+    `ELEMENTWISE_ULPS` u of the reference's, relative to its own magnitude. Differences below
+    the smallest normal number do not count: a backend may flush subnormals to zero, or keep
+    one where torch's form underflowed (1 / (1 + exp(88.7)) is 0, the sigmoid is 2.9e-39)."""
+    if not expected.is_floating_point() or not expected.numel():
+        return False, 0.0
+    dt = expected.dtype
+    u, tiny = UNIT_ROUNDOFF.get(dt, UNIT_ROUNDOFF[torch.float32]), SMALLEST_NORMAL.get(dt, 1.2e-38)
+    a, b = actual.detach().double(), expected.detach().double()
+    diff = (a - b).abs()
+    same = (a == b) | (torch.isnan(a) & torch.isnan(b)) | (diff <= tiny)
+    err = torch.where(same, torch.zeros_like(a), diff / b.abs())
+    worst = float(err.max())
+    return not worst <= ELEMENTWISE_ULPS * u, worst

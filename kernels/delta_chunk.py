@@ -24,6 +24,17 @@ import torch
 
 Tensor = torch.Tensor
 
+# The chunk size of every chunked prefill unless a user picks another: the chunk-delta-rule
+# pass's default and the eager models' prefill. 64 is fla's choice: C x C scores and the
+# C-step forward substitution stay small while T/C, the serial part, stays short.
+DEFAULT_CHUNK_SIZE = 64
+
+
+def eager_chunk_size(T: int) -> int | None:
+    """The eager prefill runs chunked (it equals the recurrent definition; tests), a single
+    step runs the recurrence."""
+    return DEFAULT_CHUNK_SIZE if T > 1 else None
+
 
 class DeltaChunks(NamedTuple):
     """What piece (a) hands to the scan (b) and the output (c); chunk layout [B, H, NC, C, ...]."""

@@ -8,6 +8,12 @@
 
 from __future__ import annotations
 
+if __name__ != "k3c.models":  # this folder imported under its bare name, e.g. by a script in the repository root
+    raise ImportError(f"'{__name__}' is a folder of k3c's source tree, not a package: import k3c.models. A script "
+                      f"run from k3c's repository root finds this folder when it, or a library it uses (transformers "
+                      f"looks for a package named 'kernels'), imports 'models': run it from another directory")
+
+
 import torch
 
 from .common import CausalLM, init_weights
@@ -30,13 +36,26 @@ def from_config(cfg: object) -> CausalLM:
     raise TypeError(f"not a model config: {type(cfg).__name__}")
 
 
-def build(name: str, seed: int = 0, *, device: str | torch.device | None = None,
-          dtype: torch.dtype = torch.float32, **overrides) -> CausalLM:
+def build(name: str, seed: int = 0, dtype: torch.dtype | str | None = None, experts: str | None = None, *,
+          device: str | torch.device | None = None, **overrides) -> CausalLM:
     """Model `name` of the zoo with deterministic weights from `seed`.
 
     Full-size models (`gpt2`, `kimi-linear`, `k3`) are built on the meta device unless a
     device is given; `overrides` replace config fields (e.g. `num_layers=4`).
+
+    dtype    None: fp32 everywhere (the default build). A floating dtype: the storage policy
+             of the family's release in that dtype, i.e. every floating weight in `dtype`
+             except the tensors the release keeps in F32 (K3: KDA `A_log`, `dt_bias`, convs,
+             `o_norm`, the router's correction bias; Kimi Linear: `A_log`, `dt_bias`).
+    experts  None: dense routed experts. "mxfp4": routed experts as MXFP4 codes + E8M0
+             scales, encoded from the fp32 weights of the seed (`kernels/mxfp4`).
+    So `build("k3-small", dtype=torch.bfloat16, experts="mxfp4")` is k3-small as K3 is released.
     """
+    from .precision import as_dtype, quantize_experts, to_release_dtypes
+
+    dtype = as_dtype(dtype)
+    if experts not in (None, "mxfp4"):
+        raise ValueError(f"experts must be None (dense) or 'mxfp4', got {experts!r}")
     cfg = config_for(name, **overrides)
     if device is None:
         device = "meta" if name in FULL_SIZE else "cpu"
@@ -45,18 +64,24 @@ def build(name: str, seed: int = 0, *, device: str | torch.device | None = None,
     if torch.device(device).type != "meta":
         init_weights(model, seed)
     model.name = name
-    return model.to(dtype).eval()
+    if experts == "mxfp4":
+        quantize_experts(model)
+    if dtype is None or dtype == torch.float32:
+        return model.to(torch.float32).eval()
+    return to_release_dtypes(model, dtype).eval()
 
 
-def from_pretrained(path: str, **kwargs) -> CausalLM:
-    """A model from a directory with config.json and *.safetensors (official K3 or HF layout)."""
+def from_pretrained(path: str, dtype: torch.dtype | str | None = None, **kwargs) -> CausalLM:
+    """A model from a directory with config.json and *.safetensors (the K3 release, the Kimi
+    Linear release or the HF layout). `dtype` None keeps the stored dtypes (BF16, F32, MXFP4
+    experts packed); a dtype casts every floating tensor to it (MXFP4 experts stay packed)."""
     from .checkpoint import from_pretrained as _load
 
-    return _load(path, **kwargs)
+    return _load(path, dtype=dtype, **kwargs)
 
 
 def save_pretrained(model: CausalLM, path: str, **kwargs) -> None:
-    """Write config.json and model.safetensors in the official layout."""
+    """Write config.json and the safetensors weights in the release layout of the model's family."""
     from .checkpoint import save_pretrained as _save
 
     _save(model, path, **kwargs)

@@ -14,6 +14,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..kernels.situ.naive import silu_glu, situ
+from .validate import check_decode, check_prefill
 
 State = dict[str, torch.Tensor]
 
@@ -69,14 +70,15 @@ class CausalLM(nn.Module):
         raise NotImplementedError
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        check_prefill(self, input_ids)
         return self.step(input_ids, None)[0]
 
     def prefill(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, State]:
+        check_prefill(self, input_ids)  # an InputError names a bad id or a length past the model's bound
         return self.step(input_ids, None)
 
     def decode(self, input_ids: torch.Tensor, state: State) -> tuple[torch.Tensor, State]:
-        if input_ids.dim() != 2 or input_ids.shape[1] != 1:
-            raise ValueError(f"decode takes input_ids of shape [B, 1], got {tuple(input_ids.shape)}")
+        check_decode(self, input_ids, state)  # ... or a state entry that is missing, foreign or misshapen
         return self.step(input_ids, state)
 
 
@@ -92,6 +94,12 @@ def add_prefix(state: State, prefix: str) -> State:
     return {prefix + k: v for k, v in state.items()}
 
 
+def _draw_order(name: str) -> str:
+    # K3's final AttnRes mix was once named `model.attn_res_*`; it keeps that place in the
+    # draw order, so that a seed gives the same weights as before the release name.
+    return name.replace("model.output_attn_res_", "model.attn_res_", 1)
+
+
 @torch.no_grad()
 def init_weights(model: nn.Module, seed: int = 0) -> nn.Module:
     """Deterministic weights from `seed`, independent of the global RNG.
@@ -102,8 +110,8 @@ def init_weights(model: nn.Module, seed: int = 0) -> nn.Module:
     name, so the weights of a model do not depend on the order modules were built in.
     """
     gen = torch.Generator().manual_seed(seed)
-    for name, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
-        if p.is_meta:
+    for name, p in sorted(model.named_parameters(), key=lambda kv: _draw_order(kv[0])):
+        if p.is_meta or not p.is_floating_point():  # MXFP4 codes are encoded, not drawn
             continue
         leaf = name.rsplit(".", 1)[-1]
         shape = p.shape

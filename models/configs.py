@@ -134,6 +134,12 @@ PRESETS: dict[str, object] = {
 FULL_SIZE = frozenset({"gpt2", "kimi-linear", "k3"})
 
 
+def kimi_model_type(cfg: KimiConfig) -> str:
+    """"kimi_k3" for a config with any K3 feature (AttnRes, SiTU, latent experts), else "kimi_linear"."""
+    k3 = cfg.attn_res_block_size or cfg.activation == "situ" or cfg.routed_expert_hidden_size
+    return "kimi_k3" if k3 else "kimi_linear"
+
+
 def config_for(name: str, **overrides) -> object:
     """The preset `name` with `overrides` applied (field names of its config class)."""
     if name not in PRESETS:
@@ -146,4 +152,4 @@ def config_for(name: str, **overrides) -> object:
     return replace(cfg, **overrides)
 
 
-__all__ = ["GPT2Config", "LinearConfig", "KimiConfig", "PRESETS", "FULL_SIZE", "config_for"]
+__all__ = ["GPT2Config", "LinearConfig", "KimiConfig", "PRESETS", "FULL_SIZE", "config_for", "kimi_model_type"]

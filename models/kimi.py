@@ -69,8 +69,8 @@ class KimiModel(CausalLM):
         self.model.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
         self.model.norm = RMSNorm(d, cfg.rms_norm_eps)
         if cfg.attn_res_block_size:
-            self.model.attn_res_norm = RMSNorm(d, cfg.attn_res_eps)
-            self.model.attn_res_proj = nn.Linear(d, 1, bias=False)
+            self.model.output_attn_res_norm = RMSNorm(d, cfg.attn_res_eps)
+            self.model.output_attn_res_proj = nn.Linear(d, 1, bias=False)
         self.lm_head = nn.Linear(d, cfg.vocab_size, bias=False)
 
     def step(self, input_ids: torch.Tensor, state: State | None) -> tuple[torch.Tensor, State]:
@@ -99,5 +99,5 @@ class KimiModel(CausalLM):
                 partial = a if partial is None else partial + a
                 x = attn_res(bank, partial, layer.mlp_res_norm, layer.mlp_res_proj)
                 partial = partial + layer.ffn(layer.post_attention_layernorm(x))
-            h = attn_res(bank, partial, self.model.attn_res_norm, self.model.attn_res_proj)
+            h = attn_res(bank, partial, self.model.output_attn_res_norm, self.model.output_attn_res_proj)
         return self.lm_head(self.model.norm(h)), new_state

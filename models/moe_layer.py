@@ -37,6 +37,36 @@ class Experts(nn.Module):
         self.w13 = nn.Parameter(torch.empty(num_experts, 2 * hidden, dim))
         self.w2 = nn.Parameter(torch.empty(num_experts, dim, hidden))
 
+    def num_weights(self) -> int:
+        return self.w13.numel() + self.w2.numel()
+
+
+class MXFP4Experts(nn.Module):
+    """The routed experts as the K3 release stores them: MXFP4 codes and E8M0 scales
+    (`kernels/mxfp4`), packed like `Experts` (w1 rows, then w3), decoded per expert on the fly.
+
+        w13_packed [E, 2I, D/2] u8   w13_scale [E, 2I, D/32] u8
+        w2_packed  [E, D, I/2]  u8   w2_scale  [E, D, I/32]  u8
+
+    The tensors are frozen parameters, so `parameters()` lists every weight a model holds.
+    """
+
+    def __init__(self, num_experts: int, dim: int, hidden: int):
+        super().__init__()
+        for k in (dim, hidden):
+            if k % 32:
+                raise ValueError(f"MXFP4 experts need their input dims to be multiples of 32, got {dim} and {hidden}")
+        E = num_experts
+
+        def frozen(*shape: int) -> nn.Parameter:
+            return nn.Parameter(torch.zeros(*shape, dtype=torch.uint8), requires_grad=False)
+
+        self.w13_packed, self.w13_scale = frozen(E, 2 * hidden, dim // 2), frozen(E, 2 * hidden, dim // 32)
+        self.w2_packed, self.w2_scale = frozen(E, dim, hidden // 2), frozen(E, dim, hidden // 32)
+
+    def num_weights(self) -> int:
+        return 2 * (self.w13_packed.numel() + self.w2_packed.numel())
+
 
 class MoE(nn.Module):
     def __init__(self, d: int, num_experts: int, top_k: int, intermediate: int,
@@ -70,10 +100,17 @@ class MoE(nn.Module):
             w = w / (w.sum(-1, keepdim=True) + 1e-20)
         w = w * self.scaling
         h = self.routed_expert_down_proj(x2) if hasattr(self, "routed_expert_down_proj") else x2
-        gu = ops.moe_gate_up(h, self.experts.w13, idx)
+        ex = self.experts
+        if isinstance(ex, MXFP4Experts):
+            gu = ops.moe_gate_up_mxfp4(h, ex.w13_packed, ex.w13_scale, idx)
+        else:
+            gu = ops.moe_gate_up(h, ex.w13, idx)
         a = activate(gu[..., : self.I], gu[..., self.I :], self.act, self.situ_beta,
                      self.situ_linear_beta)
-        y = ops.moe_down(a, self.experts.w2, idx, w)
+        if isinstance(ex, MXFP4Experts):
+            y = ops.moe_down_mxfp4(a, ex.w2_packed, ex.w2_scale, idx, w)
+        else:
+            y = ops.moe_down(a, ex.w2, idx, w)
         if hasattr(self, "routed_expert_norm"):
             y = self.routed_expert_norm(y)
         if hasattr(self, "routed_expert_up_proj"):

@@ -18,6 +18,9 @@ Parameters are counted on the module (tied weights once). Per token:
                  and the small rest: short convs 2 C W, AttnRes mixes ~7 n d for n candidates.
   decode state   per sequence after T tokens: recurrent S in fp32; conv tails, the MLA
                  latent cache ((kv_lora + rope) x T) and GPT-2's KV cache in `dtype`.
+  bytes          the weights as released (`weight_bytes`): for a name, the model built on the
+                 meta device in its family's release precision (K3: BF16 + F32 + MXFP4
+                 experts), on disk and read per token; for a module, as it holds them.
 """
 
 from __future__ import annotations
@@ -29,15 +32,28 @@ import torch.nn as nn
 
 from .common import CausalLM
 from .configs import GPT2Config, KimiConfig, LinearConfig
-from .moe_layer import MoE
+from .moe_layer import MoE, MXFP4Experts
 
 GPT2_SMALL = "gpt2"
 
 
-def _build_meta(name: str) -> CausalLM:
+def _build_meta(name: str, **precision) -> CausalLM:
     from . import build
 
-    return build(name, device="meta")
+    return build(name, device="meta", **precision)
+
+
+def _build_released(name: str) -> tuple[CausalLM, dict]:
+    """The model `name` on the meta device in its family's release precision, and its bytes."""
+    from .configs import config_for
+    from .precision import release_precision
+    from .weight_bytes import weight_bytes
+
+    precision = release_precision(config_for(name))
+    model = _build_meta(name, **precision)
+    out = weight_bytes(model)
+    out["precision"] = {"dtype": str(precision["dtype"]).removeprefix("torch."), "experts": precision["experts"]}
+    return model, out
 
 
 @functools.lru_cache(maxsize=1)
@@ -47,7 +63,10 @@ def gpt2_small_params() -> int:
 
 
 def _param_counts(model: nn.Module) -> dict[str, int]:
-    total = sum(p.numel() for p in model.parameters())
+    # MXFP4 experts hold codes and scales: count the weights they stand for
+    total = sum(p.numel() for n, p in model.named_parameters() if not n.endswith(("_packed", "_scale")))
+    total += sum(mod.experts.num_weights() for mod in model.modules()
+                 if isinstance(mod, MoE) and isinstance(mod.experts, MXFP4Experts))
     emb_params = [p for mod in model.modules() if isinstance(mod, nn.Embedding) for p in mod.parameters()]
     embedding = sum(p.numel() for p in emb_params)
     head = model.lm_head.weight
@@ -55,8 +74,8 @@ def _param_counts(model: nn.Module) -> dict[str, int]:
     routed = routed_active = 0
     for mod in model.modules():
         if isinstance(mod, MoE):
-            n = mod.experts.w13.numel() + mod.experts.w2.numel()
-            E = mod.experts.w13.shape[0]
+            n = mod.experts.num_weights()
+            E = mod.gate.weight.shape[0]
             routed += n
             routed_active += n * mod.top_k // E
     active = total - routed + routed_active
@@ -74,9 +93,9 @@ def _matmul_params(model: nn.Module) -> int:
         if isinstance(mod, nn.Linear) and not name.endswith("res_proj"):  # AttnRes: a dot, counted below
             n += mod.weight.numel()
         elif isinstance(mod, MoE):
-            E = mod.experts.w13.shape[0]
+            E = mod.gate.weight.shape[0]
             n += mod.gate.weight.numel()
-            n += (mod.experts.w13.numel() + mod.experts.w2.numel()) * mod.top_k // E
+            n += mod.experts.num_weights() * mod.top_k // E
     return n
 
 
@@ -146,10 +165,13 @@ def model_stats(name_or_model: str | nn.Module, seq_len: int = 4096, *,
     """
     if seq_len < 1:
         raise ValueError(f"seq_len must be >= 1, got {seq_len}")
+    from .weight_bytes import weight_bytes
+
     if isinstance(name_or_model, str):
-        model, name = _build_meta(name_or_model), name_or_model
+        (model, weights), name = _build_released(name_or_model), name_or_model
     else:
         model, name = name_or_model, getattr(name_or_model, "name", type(name_or_model).__name__)
+        weights = weight_bytes(model)
     cfg = model.config
     nbytes = torch.empty((), dtype=dtype).element_size()
     if isinstance(cfg, KimiConfig):
@@ -174,6 +196,7 @@ def model_stats(name_or_model: str | nn.Module, seq_len: int = 4096, *,
         "params": params,
         "flops_per_token": flops,
         "state_bytes": state,
+        "bytes": weights,
         "gpt2_small_params": gpt2,
         "gpt2_ratio": params["total"] / gpt2,
         "gpt2_small_kv_cache_bytes": 2 * 12 * 768 * seq_len * nbytes,
@@ -231,6 +254,14 @@ def format_stats(stats: dict) -> str:
     ratio = stats["gpt2_ratio"]
     row("  vs GPT-2 small", f"{ratio:,.0f}x" if ratio >= 10 else f"{ratio:.3g}x",
         f"GPT-2 small = {stats['gpt2_small_params']:,} params")
+    b = stats["bytes"]
+    how = b.get("precision")
+    rows.append(("weight bytes" + (" as released" if how else ""), "",
+                 f"{how['dtype']}" + (f", {how['experts']} routed experts" if how["experts"] else "") if how else ""))
+    row("  total", _bytes(b["total"]), f"{b['total']:,} B")
+    for kind, n in b["by_dtype"].items():
+        row(f"  {kind}", _bytes(n), f"{n:,} B")
+    row("  read per token", _bytes(b["active_per_token"]), "routed experts top-k, one embedding row")
     rows.append((f"FLOPs per token at T = {T:,}", "", "average over a prefill of length T"))
     for key, label in _FLOP_LABELS.items():
         if f.get(key):

@@ -3,36 +3,36 @@
     k3c.passes.run(graph, "default")          # or a list of pass names, or "none"
     k3c.passes.run(graph, ["constant-fold", "chunk-delta-rule{chunk_size=32}", "dce"])
 
-Passes (each a file): constant-fold, cse, dce, fuse-situ, fold-latent-moe, chunk-delta-rule.
-A new pass registers itself with `register_pass` (see passes/README.md).
+Passes (each a file): constant-fold, cse, dce, fuse-situ, fuse-norms, fold-latent-moe,
+chunk-delta-rule. A new pass registers itself with `register_pass` (see passes/README.md);
+`legalize` decomposes what a backend cannot lower.
 """
 
 from __future__ import annotations
 
+if __name__ != "k3c.passes":  # this folder imported under its bare name, e.g. by a script in the repository root
+    raise ImportError(f"'{__name__}' is a folder of k3c's source tree, not a package: import k3c.passes. A script "
+                      f"run from k3c's repository root finds this folder when it, or a library it uses (transformers "
+                      f"looks for a package named 'kernels'), imports 'passes': run it from another directory")
+
+
 from ..ir import Graph
-from . import chunk_delta_rule, constant_fold, cse, dce, fold_latent_moe, fuse_situ  # noqa: F401  (register)
+from ..registry import Registry
+from . import chunk_delta_rule, constant_fold, cse, dce, fold_latent_moe, fuse_norms, fuse_situ  # noqa: F401
 from .builder import Builder
 from .cost import COST_AT, Cost, graph_cost
-from .manager import (
-    PASSES,
-    PassReport,
-    PassVerifyError,
-    Rule,
-    apply_rules,
-    check_steps,
-    format_report,
-    register_pass,
-    rule_pass,
-    run_pipeline,
-)
-from .pattern import Alt, Any, Const, Match, Op, Product, Weight, maybe_cast
+from .driver import Rule, apply_rules
+from .legalize import decompose_node, legalize
+from .pattern import Alt, Any, Const, Match, Op, Opt, Product, Weight, maybe_cast
+from .pipeline import PassReport, PassVerifyError, check_steps, for_backend, format_report, run_pipeline
+from .registry import PASSES, register_pass, rule_pass
 
-PIPELINES: dict[str, list[str]] = {
-    "none": [],
-    # fold weight-only subgraphs first (so later patterns see weights), fuse the activations
-    # before merging GEMMs (gate/up belong to gated_mlp), chunk last, then sweep.
-    "default": ["constant-fold", "cse", "fuse-situ", "fold-latent-moe", "chunk-delta-rule", "dce"],
-}
+PIPELINES: Registry = Registry("pipeline")
+PIPELINES.add("none", [])
+# fold weight-only subgraphs first (so later patterns see weights), fuse the activations and
+# norms before merging GEMMs (gate/up belong to gated_mlp), chunk last, then sweep.
+PIPELINES.add("default", ["constant-fold", "cse", "fuse-situ", "fuse-norms", "fold-latent-moe", "chunk-delta-rule",
+                          "dce"])
 
 
 def steps_of(pipeline: str | list[str]) -> list:
@@ -62,6 +62,7 @@ def run(graph: Graph, pipeline: str | list[str] = "default", *, verify_each: boo
                         dump_after=dump_after, report=report)
 
 
-__all__ = ["run", "check_pipeline", "PIPELINES", "PASSES", "register_pass", "rule_pass", "apply_rules", "Rule",
-           "Builder", "Match", "Op", "Any", "Const", "Weight", "Alt", "Product", "maybe_cast", "PassReport",
-           "PassVerifyError", "format_report", "COST_AT", "Cost", "graph_cost"]
+__all__ = ["run", "check_pipeline", "steps_of", "for_backend", "legalize", "decompose_node", "PIPELINES", "PASSES",
+           "register_pass", "rule_pass", "apply_rules", "Rule", "Builder", "Match", "Op", "Opt", "Any", "Const",
+           "Weight", "Alt", "Product", "maybe_cast", "PassReport", "PassVerifyError", "format_report", "COST_AT",
+           "Cost", "graph_cost"]

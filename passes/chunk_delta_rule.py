@@ -13,17 +13,20 @@ so S and z share one scan, and o is the ratio of the two parts of the output:
     v1 = concat(v, 1);  S1 = concat(S, z)  ->  o1, S1' as above  ->  o = o1[..., :V] / o1[..., V:]
 
 Padding T up to a multiple of C is inside chunk_prepare (zeros) and chunk_output (cut back
-to T), so any T works. Decode graphs (meta entry "decode", or T the constant 1) keep the
-recurrent form.
-Option: chunk_size (default 64).
+to T), so any T works. A single step (T the constant 1: decode) keeps the recurrent form.
+This pass is the one place where the prefill form is decided; a backend that takes a
+recurrent op whole (onnxruntime's LinearAttention) asks for it with `keep`.
+Options: chunk_size (default DEFAULT_CHUNK_SIZE, 64), keep (ops to leave whole, default none).
 """
 
 from __future__ import annotations
 
-from ..ir import Graph
+from ..ir import OPS, Graph
+from ..kernels.delta_chunk import DEFAULT_CHUNK_SIZE
 from .builder import Builder
-from .manager import Rule, apply_rules, register_pass
+from .driver import Rule, apply_rules
 from .pattern import Match, Op
+from .registry import register_pass
 
 GATES = {"kda": "channel", "gated_delta_rule": "head", "delta_rule": "none"}
 
@@ -36,10 +39,8 @@ def _base(m: Match) -> str:
 def _delta(chunk_size: int):
     def rewrite(m: Match, b: Builder) -> list[str]:
         node, base = m.root, _base(m)
-        if node.op == "delta_rule":
-            (q, k, v, beta, state), g = node.inputs, None
-        else:
-            q, k, v, g, beta, state = node.inputs
+        x = dict(zip(OPS[node.op].tensor_inputs, node.inputs))  # q k v [g] beta state, by name
+        q, k, v, g, beta, state = x["q"], x["k"], x["v"], x.get("g"), x["beta"], x["state"]
         prep_in = [q, k, v, beta] + ([g] if g is not None else [])
         qd, kd, w, u, aqk, decay = b.op("chunk_prepare", prep_in, name=base, chunk_size=chunk_size,
                                         gate=GATES[node.op])
@@ -81,18 +82,24 @@ def _many_tokens(m: Match) -> bool:
     return m.ctx.type(m.root.inputs[0]).shape[1] != 1
 
 
-def rules(chunk_size: int = 64) -> list[Rule]:
-    return [Rule("chunk-" + op.replace("_", "-"), Op(op, any_inputs=True), _delta(chunk_size), where=_many_tokens)
-            for op in GATES] + \
-        [Rule("chunk-linear-attention", Op("linear_attention", any_inputs=True), _linear_attention(chunk_size),
-              where=_many_tokens)]
+CHUNKABLE = (*GATES, "linear_attention")
 
 
-@register_pass("chunk-delta-rule", chunk_size=64)
-def chunk_delta_rule(graph: Graph, chunk_size: int = 64):
+def rules(chunk_size: int = DEFAULT_CHUNK_SIZE, keep=()) -> list[Rule]:
+    out = [Rule("chunk-" + op.replace("_", "-"), Op(op, any_inputs=True), _delta(chunk_size), where=_many_tokens)
+           for op in GATES if op not in keep]
+    if "linear_attention" not in keep:
+        out.append(Rule("chunk-linear-attention", Op("linear_attention", any_inputs=True),
+                        _linear_attention(chunk_size), where=_many_tokens))
+    return out
+
+
+@register_pass("chunk-delta-rule", chunk_size=DEFAULT_CHUNK_SIZE, keep=[])
+def chunk_delta_rule(graph: Graph, chunk_size: int = DEFAULT_CHUNK_SIZE, keep=()):
     """Recurrent kda / gated_delta_rule / delta_rule / linear_attention -> chunked form (prefill only)."""
-    if not isinstance(chunk_size, int) or chunk_size < 1:
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"chunk-delta-rule: chunk_size must be a positive int, got {chunk_size!r}")
-    if graph.meta.get("entry") == "decode":
-        return {}
-    return apply_rules(graph, rules(chunk_size))
+    unknown = sorted(set(keep) - set(CHUNKABLE))
+    if unknown:
+        raise ValueError(f"chunk-delta-rule: keep names ops it does not chunk: {unknown}; it chunks {CHUNKABLE}")
+    return apply_rules(graph, rules(chunk_size, keep))

@@ -18,8 +18,9 @@ import torch
 from ..ir import Graph, Node, dims
 from ..ir.interpret import run_node
 from .builder import Builder
-from .manager import Rule, apply_rules, register_pass, remove_dead, rename_value, replace_outputs
+from .driver import Rule, apply_rules, remove_dead, rename_value, replace_outputs
 from .pattern import Any, Const, Match, Op
+from .registry import register_pass
 
 FOLDABLE_LIMIT = 1 << 26  # elements: never materialise more than this in one folded weight
 

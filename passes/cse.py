@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import Counter
 
 from ..ir import OPS, Graph, family
-from .manager import register_pass
+from .registry import register_pass
 
 
 def node_key(graph: Graph, node) -> tuple:

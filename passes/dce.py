@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections import Counter
 
 from ..ir import Graph
-from .manager import drop_unused_weights, register_pass
+from .driver import drop_unused_weights
+from .registry import register_pass
 
 
 def live_nodes(graph: Graph) -> list:

@@ -3,10 +3,8 @@
 Each fold is exact algebra (only rounding changes) and is kept only where the cost model
 (passes/cost.py) says it does not make FLOPs or bytes worse:
 
-  merge-sibling-linears        linears reading one input -> one linear over the concatenated
-                               weights + split (router logits and latent down-projection; MLA's
-                               q_a_proj, kv_a_proj_with_mqa and gate; KDA's projections). The
-                               shared-expert gate/up are already one GEMM: fuse-situ's gated_mlp.
+  merge-sibling-linears        linears reading one input -> one GEMM + split (merge_siblings.py;
+                               the shared-expert gate/up are fuse-situ's gated_mlp already)
   latent-norm-into-up-proj     linear(rms_norm(y, n), W_up) -> linear(rms_norm(y), W_up diag(n))
                                for the routed experts' output (K3's latent MoE)
   norm-weight-into-linear      the same fold for any norm whose only user is one linear or
@@ -14,7 +12,7 @@ Each fold is exact algebra (only rounding changes) and is kept only where the co
                                are merged)
   routing-scale-into-experts   moe(..., w * c) -> moe(..., w) with the expert down weights c * w2:
                                sum_j (c w_j) W2 a_j = sum_j w_j (c W2) a_j; c = 1 is just dropped
-  mla-absorbed                 decode only: mla_attention(q, ckv, krope, W_kv_b) ->
+  mla-absorbed                 decode steps (T = 1): mla_attention(q, ckv, krope, W_kv_b) ->
                                mla_attention_absorbed(q, ckv, krope, W_UK, W_UV): W_UK folds into
                                the query, W_UV applies after attention; cheaper when T << cache
 """
@@ -23,67 +21,13 @@ from __future__ import annotations
 
 from collections import Counter
 
-import torch
-
 from ..ir import Graph
 from . import cost as C
 from .builder import Builder
-from .manager import Rule, apply_rules, register_pass, remove_dead, replace_outputs
+from .driver import Rule, apply_rules
+from .merge_siblings import merge_sibling_linears
 from .pattern import Any, Const, Match, Op, Weight, maybe_cast
-
-# ------------------------------------------------------------ merge sibling linears
-
-
-def _weight_part(name: str, prefix_len: int) -> str:
-    parts = name.split(".")
-    if parts[-1] == "weight":
-        parts = parts[:-1]
-    return ".".join(parts[prefix_len:]) or parts[-1]
-
-
-def merged_name(names: list[str]) -> str:
-    """a.b.q_proj.weight, a.b.k_proj.weight -> a.b.q_proj-k_proj.weight"""
-    split = [n.split(".") for n in names]
-    prefix = 0
-    while all(len(s) > prefix + 1 and s[prefix] == split[0][prefix] for s in split):
-        prefix += 1
-    head = ".".join(split[0][:prefix])
-    body = "-".join(_weight_part(n, prefix) for n in names)
-    return f"{head}.{body}.weight" if head else f"{body}.weight"
-
-
-def _sibling_groups(graph: Graph) -> list[list]:
-    users = graph.users()
-    groups: dict[tuple, list] = {}
-    for n in graph.nodes:
-        if n.op != "linear" or len(n.inputs) != 2 or not graph.is_weight(n.inputs[1]):
-            continue
-        if len(users[n.inputs[1]]) != 1 or n.inputs[1] in graph.output_values:
-            continue  # a shared weight would be stored twice
-        key = (n.inputs[0], graph.types[n.inputs[1]].dtype, graph.types[n.inputs[1]].shape[1])
-        groups.setdefault(key, []).append(n)
-    return [g for g in groups.values() if len(g) > 1]
-
-
-def merge_sibling_linears(graph: Graph) -> int:
-    sites = 0
-    for members in _sibling_groups(graph):
-        x = members[0].inputs[0]
-        weights = [graph.weights[n.inputs[1]] for n in members]
-        b = Builder(graph, members[0])
-        w = b.weight(merged_name([n.inputs[1] for n in members]), torch.cat(weights, 0))
-        y = b.op("linear", [x, w], name=members[0].outputs[0] + "_merged")
-        parts = b.op("split", [y], name=y, dim=graph.types[x].rank - 1, sizes=[int(t.shape[0]) for t in weights])
-        before, after = C.nodes_cost(graph, members), C.nodes_cost(graph, b.nodes)
-        if after.bytes > before.bytes or after.flops > before.flops:
-            continue
-        b.commit()
-        for n, p in zip(members, parts):
-            replace_outputs(graph, n, [p])
-        remove_dead(graph, members)
-        sites += 1
-    return sites
-
+from .registry import register_pass
 
 # ---------------------------------------------------------------- norm weights
 
@@ -93,19 +37,18 @@ def _normed() -> Op:
 
 
 def _fold_norm(m: Match, b: Builder) -> str:
-    g = b.graph
     norm = m.node("norm")
     y = b.op("rms_norm", [norm.inputs[0]], name=norm.outputs[0], eps=norm.attrs["eps"])
     if "cast" in m:
         y = b.cast(y, m.node("cast").attrs["dtype"])
-    W, n = g.weights[m["W"]], g.weights[m["n"]]
+    W, n = m.tensor("W"), m.tensor("n")
     w = b.weight(m["W"] + ".normed", (W.float() * n.float()[None, :]).to(W.dtype))
     return b.op(m.root.op, [y, w], name=m.root.outputs[0], **m.root.attrs)
 
 
 def _own_weight(m: Match) -> bool:
     """W is read by this node only, so folding does not store a second copy."""
-    return len(m.ctx.users.get(m["W"], ())) == 1 and m["W"] not in m.ctx.graph.output_values
+    return m.single_use("W")
 
 
 def _from_routed_experts(m: Match) -> bool:
@@ -125,9 +68,9 @@ def _routing_scale(m: Match, b: Builder) -> str | None:
     if c != 1:
         w2_at = 2 if node.op == "moe_experts" else 1
         w2 = inputs[w2_at]
-        if not b.graph.is_weight(w2) or len(m.ctx.users[w2]) != 1:
+        if not b.is_weight(w2) or len(m.ctx.users[w2]) != 1:
             return None
-        t = b.graph.weights[w2]
+        t = b.tensor(w2)
         inputs[w2_at] = b.weight(w2 + ".scaled", (t.float() * c).to(t.dtype))
     return b.op(node.op, inputs, name=node.outputs[0], **node.attrs)
 
@@ -144,7 +87,7 @@ def _absorb(m: Match, b: Builder) -> str:
     H, Dq = b.type(q).shape[2], b.type(q).shape[3]
     Dc, Dr, Dv = b.type(ckv).shape[2], b.type(krope).shape[2], m.root.attrs["v_head_dim"]
     Dn = Dq - Dr
-    w = b.graph.weights[wkv].reshape(H, Dn + Dv, Dc)
+    w = b.tensor(wkv).reshape(H, Dn + Dv, Dc)
     base = wkv.removesuffix(".weight")
     w_uk = b.weight(base + ".w_uk", w[:, :Dn].contiguous())
     w_uv = b.weight(base + ".w_uv", w[:, Dn:].contiguous())
@@ -152,20 +95,18 @@ def _absorb(m: Match, b: Builder) -> str:
                 scale=m.root.attrs["scale"])
 
 
-def _in_decode(m: Match) -> bool:
-    return m.ctx.graph.meta.get("entry") == "decode"
+def _decode_step(m: Match) -> bool:
+    """A decode step: the query's T is the constant 1 (it attends to a cache, T << S)."""
+    return m.ctx.type(m.root.inputs[0]).shape[1] == 1
 
 
 def _cheaper(rewrite):
-    """Keep the rewrite only when the cost model says it is no worse (else leave the site)."""
+    """Keep the rewrite only when the cost model says it is no worse (else leave the site:
+    nothing the rewrite staged reaches the graph)."""
 
     def guarded(m: Match, b: Builder):
         out = rewrite(m, b)
-        before, after = C.nodes_cost(b.graph, list(m.nodes)), C.nodes_cost(b.graph, b.nodes)
-        if after.flops > before.flops or after.bytes > before.bytes:
-            b.nodes = []
-            return None
-        return out
+        return out if C.no_worse(C.nodes_cost(m.ctx.graph, list(m.nodes)), C.staged_cost(b)) else None
 
     return guarded
 
@@ -181,7 +122,7 @@ RULES = [
     Rule("routing-scale-into-experts",
          Op("moe_experts", *[Any() for _ in range(4)], Op("mul", Any("w"), Const("c"))),
          _cheaper(_routing_scale), where=_scale_fits),
-    Rule("mla-absorbed", Op("mla_attention", Any(), Any(), Any(), Weight()), _cheaper(_absorb), where=_in_decode),
+    Rule("mla-absorbed", Op("mla_attention", Any(), Any(), Any(), Weight()), _cheaper(_absorb), where=_decode_step),
 ]
 
 

@@ -27,8 +27,9 @@ import torch
 
 from ..ir import OPS, Graph
 from .builder import Builder
-from .manager import Rule, apply_rules, register_pass
+from .driver import Rule, apply_rules
 from .pattern import Alt, Any, Const, Match, Op, Product
+from .registry import register_pass
 
 
 def _scaled(x: str, beta: str) -> Alt:
@@ -74,8 +75,7 @@ def _merged_weight_name(a: str, b: str, what: str) -> str:
 
 def _gated_mlp(act: str):
     def rewrite(m: Match, b: Builder) -> str | None:
-        g = b.graph
-        wg, wu = g.weights[m["wg"]], g.weights[m["wu"]]
+        wg, wu = m.tensor("wg"), m.tensor("wu")
         if wg.shape != wu.shape or wg.dtype != wu.dtype:
             return None
         w = b.weight(_merged_weight_name(m["wg"], m["wu"], "gate_up_proj"), torch.cat([wg, wu], 0))
@@ -87,8 +87,8 @@ def _gated_mlp(act: str):
 def _act_attrs(m: Match, act: str) -> dict:
     if act == "silu":
         return {}
-    s = m.node("s")
-    return {"beta": s.attrs["beta"], "linear_beta": s.attrs.get("linear_beta")}
+    a = OPS["situ"].full_attrs(m.node("s").attrs)
+    return {"beta": a["beta"], "linear_beta": a["linear_beta"]}
 
 
 def _halves(m: Match) -> bool:
@@ -96,9 +96,8 @@ def _halves(m: Match) -> bool:
     rank = m.type("gu").rank
     I, two_i = m.type("w2").shape[2], m.type("w13").shape[1]
     lo, hi = (OPS["slice"].full_attrs(m.node(n).attrs) for n in ("lo", "hi"))
-    ends = [two_i if isinstance(a["end"], int) and a["end"] >= 2**62 else a["end"] for a in (lo, hi)]
     return all(a["dim"] % rank == rank - 1 and a["step"] == 1 for a in (lo, hi)) and \
-        (lo["start"], ends[0], hi["start"], ends[1]) == (0, I, I, two_i)
+        (lo["start"], lo["end"], hi["start"], hi["end"]) == (0, I, I, two_i)
 
 
 def _moe_experts(act: str):
@@ -122,7 +121,7 @@ def _experts_pattern(act_pattern) -> Op:
 
 
 def _has_weights(*names: str):
-    return lambda m: all(m.ctx.graph.is_weight(m[n]) for n in names)
+    return lambda m: all(m.is_weight(n) for n in names)
 
 
 LO, HI = _gate_up_slices()

@@ -3,6 +3,7 @@
     silu_glu = Op("mul", Op("silu", Any("gate")), Any("up"))      # mul is tried both ways round
     scaled = Op("div", Any("x"), Const("c", lambda c: c != 0))    # a `const` node, predicate on its value
     Op("linear", maybe_cast(Op("rms_norm", Any("x"), Weight("n"))), Weight("w"), where=no_bias)
+    Op("rms_norm", Any("x"), Opt(Weight("n")))                    # with or without its weight
 
 A pattern matches a value; `Op` matches the node that produced it, with one sub-pattern per
 input. Names capture: the same name twice must bind the same value (a `Const` name, the same
@@ -86,6 +87,23 @@ class Match:
     def node(self, name: str) -> Node:
         """The node that produced the value captured as `name`."""
         return self.ctx.producers[self.values[name]]
+
+    def users(self, name: str) -> list[Node]:
+        """The nodes that read the value captured as `name` (inside the match or not)."""
+        return list(self.ctx.users.get(self.values[name], ()))
+
+    def single_use(self, name: str) -> bool:
+        """The value captured as `name` has one reader and is no graph output (so a rewrite
+        that folds it into that reader does not keep a second copy)."""
+        v = self.values[name]
+        return len(self.ctx.users.get(v, ())) == 1 and v not in self.ctx.graph.output_values
+
+    def is_weight(self, name: str) -> bool:
+        return self.ctx.graph.is_weight(self.values[name])
+
+    def tensor(self, name: str):
+        """The data of the weight captured as `name`."""
+        return self.ctx.graph.weights[self.values[name]]
 
 
 class Pattern:
@@ -175,13 +193,16 @@ class Op(Pattern):
         if self.inputs is None:
             yield st
             return
-        if len(node.inputs) != len(self.inputs):
+        n = len(node.inputs)
+        required = len(self.inputs) - sum(isinstance(p, Opt) for p in self.inputs[n:])
+        if n > len(self.inputs) or required != n:  # trailing inputs the node lacks must be Opt
             return
+        pats = self.inputs[:n]
         orders = [node.inputs]
-        if len(node.inputs) == 2 and node.op in family("commutative") and node.inputs[0] != node.inputs[1]:
+        if n == 2 and node.op in family("commutative") and node.inputs[0] != node.inputs[1]:
             orders.append(node.inputs[::-1])
         for inputs in orders:
-            yield from _match_all(list(zip(self.inputs, inputs)), ctx, st)
+            yield from _match_all(list(zip(pats, inputs)), ctx, st)
 
 
 def _match_all(pairs: list[tuple[Pattern, str]], ctx: Context, st: _State) -> Iterator[_State]:
@@ -191,6 +212,17 @@ def _match_all(pairs: list[tuple[Pattern, str]], ctx: Context, st: _State) -> It
     (pat, value), rest = pairs[0], pairs[1:]
     for nst in pat.match(value, ctx, st):
         yield from _match_all(rest, ctx, nst)
+
+
+@dataclass
+class Opt(Pattern):
+    """An optional trailing input of an `Op`: matches `pattern` when the node has the input,
+    and matches its absence (`name in match` then says which)."""
+
+    pattern: Pattern
+
+    def match(self, value, ctx, st):
+        yield from self.pattern.match(value, ctx, st)
 
 
 @dataclass

@@ -18,6 +18,19 @@ if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def tvm_build_cache(tmp_path_factory):
+    """One TVM build per distinct graph structure for the whole session (backends/tvm/cache.py):
+    tests that compile the same model with other weights (stresses, re-seeds) reuse lib.so."""
+    before = os.environ.get("K3C_CACHE_DIR")
+    os.environ["K3C_CACHE_DIR"] = str(tmp_path_factory.mktemp("k3c-cache"))
+    yield
+    if before is None:
+        os.environ.pop("K3C_CACHE_DIR", None)
+    else:
+        os.environ["K3C_CACHE_DIR"] = before
+
+
 @pytest.fixture(scope="session")
 def zoo():
     """name -> (model, prefill graph, decode graph), captured at B = 2, T = 16 on first use."""

@@ -25,6 +25,19 @@ def test_diff_my_model_passes_on_every_backend(tmp_path):
         assert {"prefill/logits", "prefill/blocks.0.S", "final/blocks.2.ckv", "decode1/logits"} <= names, name
 
 
+def test_write_a_fusion_pass_reaches_every_backend():
+    """The example's fused op goes through ONNX by its own lowering and through TVM and Triton
+    by its decomposition, and each artifact matches eager (the reference run is in
+    tests/passes/test_example_and_cli.py)."""
+    r = subprocess.run([sys.executable, "examples/write_a_fusion_pass.py", "--backends", "onnx,tvm,triton"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = {line.split()[0]: line.split()[1] for line in r.stdout.splitlines() if line.split()[:1] in
+            (["onnx"], ["tvm"], ["triton"])}
+    assert rows == {"onnx": "yes", "tvm": "yes", "triton": "yes"}, r.stdout
+    assert "onnx user" in r.stdout and "tvm decomposed" in r.stdout
+
+
 def test_every_example_is_run_by_a_test():
     tests = "\n".join(p.read_text() for p in (ROOT / "tests").rglob("test_*.py"))
     for example in sorted((ROOT / "examples").glob("*.py")):

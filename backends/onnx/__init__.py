@@ -18,24 +18,37 @@ import dataclasses
 from pathlib import Path
 
 from ...ir import Graph, Node
+from .. import tables as L
+from ..artifact import seal
 from .artifact import build_manifest, read_manifest, write_artifact
 from .builder import LoweringError
-from .custom import CUSTOM, DEFAULT_CHUNK_SIZE
 from .lower import FLAVOURS, lower_graph
 from .runner import OnnxRunner
-from .standard import STANDARD
-
-_FLOATS_OF_CUSTOM = ("f32",)
 
 
 class OnnxBackend:
     name = "onnx"
 
-    def __init__(self, flavour: str = "portable", chunk_size: int | None = DEFAULT_CHUNK_SIZE,
-                 providers: list[str] | None = None):
+    def __init__(self, flavour: str = "portable", providers: list[str] | None = None, threads: int | None = None,
+                 spinning: bool = False):
         if flavour not in FLAVOURS:
             raise ValueError(f"onnx flavour must be one of {', '.join(FLAVOURS)}, got {flavour!r}")
-        self.flavour, self.chunk_size, self.providers = flavour, chunk_size, providers
+        self.flavour, self.providers, self.threads, self.spinning = flavour, providers, threads, spinning
+
+    @property
+    def tables(self) -> tuple[str, ...]:
+        """The lowering tables this flavour reads, in order (k3c.backends.tables)."""
+        return ("onnx:ort", "onnx") if self.flavour == "ort" else ("onnx",)
+
+    @property
+    def takes_whole(self) -> frozenset[str]:
+        """Recurrent ops this flavour runs whole in prefill too: those onnxruntime's own kernel
+        (LinearAttention) maps, so the chunk-delta-rule pass leaves them alone."""
+        if self.flavour != "ort":
+            return frozenset()
+        from ...passes.chunk_delta_rule import CHUNKABLE
+
+        return frozenset(op for op in CHUNKABLE if op in L.load("onnx:ort"))
 
     def is_available(self) -> tuple[bool, str]:
         try:
@@ -46,58 +59,37 @@ class OnnxBackend:
         return True, ""
 
     def supports(self, node: Node, graph: Graph) -> tuple[bool, str]:
-        if node.op in STANDARD:
-            dts = {graph.types[v].dtype for v in node.inputs + node.outputs}
-            if "bf16" in dts and node.op in ("const", "full"):
-                return False, "bf16 constants have no ONNX lowering here"
-            return True, ""
-        if node.op in CUSTOM:
-            floats = {graph.types[v].dtype for v in node.inputs + node.outputs} - {"i64", "i32", "bool"}
-            if not floats <= set(_FLOATS_OF_CUSTOM):
-                return False, f"the k3c-domain body of {node.op} is f32 only (got {', '.join(sorted(floats))})"
-            return True, ""
-        return False, f"op {node.op!r} has no ONNX lowering"
+        why = ""
+        for table in self.tables:
+            low, why = L.find(table, node, graph)
+            if low is not None:
+                return True, ""
+        return False, why
 
-    def lower(self, graphs: dict[str, Graph], out_dir: Path, *, flavour: str | None = None,
-              chunk_size: int | None = None, model_config=None, pipeline=None, **options) -> Path:
+    def lower(self, graphs: dict[str, Graph], out_dir: Path, *, model_config=None, pipeline=None) -> Path:
         """Write `graphs` ({"prefill": g, "decode": g} or {"forward": g}) as an artifact in out_dir."""
-        for run_option in ("providers", "threads", "spinning"):  # k3c.compile passes them to both steps
-            options.pop(run_option, None)
-        _no_unknown(options, "lower")
-        flavour = flavour or self.flavour
-        if flavour not in FLAVOURS:
-            raise ValueError(f"onnx flavour must be one of {', '.join(FLAVOURS)}, got {flavour!r}")
-        chunk = self.chunk_size if chunk_size is None else chunk_size
+        from ..base import check_supported, legalized
+
+        graphs = legalized(self, graphs)
         first = next(iter(graphs.values()))
         model = first.meta.get("model")
         config = _config(model_config if model_config is not None else first.meta.get("config"))
         pipeline = pipeline if pipeline is not None else first.meta.get("pipeline")
         from ... import __version__
 
-        meta = {"k3c.model": model or "", "k3c.flavour": flavour, "k3c.pipeline": _json(pipeline),
+        meta = {"k3c.model": model or "", "k3c.flavour": self.flavour, "k3c.pipeline": _json(pipeline),
                 "k3c.config": _json(config), "k3c.version": __version__}
         models, reports = {}, {}
         for entry, g in graphs.items():
-            from ..base import check_supported
-
             check_supported(self, g)
-            models[entry], reports[entry] = lower_graph(g, flavour, chunk, {**meta, "k3c.entry": entry})
-        manifest = build_manifest(graphs, flavour, reports, model=model, config=config, pipeline=pipeline,
-                                  chunk_size=chunk)
-        return write_artifact(Path(out_dir), models, manifest)
+            models[entry], reports[entry] = lower_graph(g, self.flavour, {**meta, "k3c.entry": entry})
+        manifest = build_manifest(graphs, self.flavour, reports, model=model, config=config, pipeline=pipeline)
+        out = write_artifact(Path(out_dir), models, manifest)
+        seal(out, backend=self.name, model=model, variant=self.flavour)
+        return out
 
-    def load(self, out_dir: Path, *, providers: list[str] | None = None, threads: int | None = None,
-             spinning: bool = False, **options) -> OnnxRunner:
-        for lower_option in ("flavour", "chunk_size", "model_config", "pipeline"):  # the artifact says these
-            options.pop(lower_option, None)
-        _no_unknown(options, "load")
-        return OnnxRunner(out_dir, providers or self.providers, threads, spinning)
-
-
-def _no_unknown(options: dict, where: str) -> None:
-    if options:
-        raise TypeError(f"onnx backend {where}: unknown option(s) {sorted(options)}; "
-                        f"known: flavour, chunk_size, providers, threads, spinning, model_config, pipeline")
+    def load(self, out_dir: Path) -> OnnxRunner:
+        return OnnxRunner(out_dir, self.providers, self.threads, self.spinning)
 
 
 def _config(config):

@@ -19,6 +19,7 @@ import onnx
 from onnx import TensorProto
 from onnx.external_data_helper import set_external_data
 
+from ...errors import ArtifactError
 from ...ir import Graph
 from .builder import NUMPY_TYPES, OPSET
 from .lower import PRESENT
@@ -85,7 +86,7 @@ def describe_entry(graph: Graph, file: str, state: set[str]) -> dict:
 
 
 def build_manifest(graphs: dict[str, Graph], flavour: str, reports: dict, *, model: str | None,
-                   config: dict | None, pipeline, chunk_size) -> dict:
+                   config: dict | None, pipeline) -> dict:
     from ... import __version__
 
     state = set(graphs["decode"].inputs[1:]) if "decode" in graphs else set()
@@ -97,7 +98,7 @@ def build_manifest(graphs: dict[str, Graph], flavour: str, reports: dict, *, mod
     return {
         "format": FORMAT, "format_version": 1, "k3c_version": __version__,
         "model": model, "config": config, "pipeline": pipeline, "flavour": flavour, "opset": OPSET,
-        "chunk_size": chunk_size, "weights": WEIGHTS, "dims": dims, "state": list(order),
+        "weights": WEIGHTS, "dims": dims, "state": list(order),
         "entries": {e: describe_entry(g, f"{e}.onnx", state) for e, g in graphs.items()},
         "lowering": {e: {f"{op} -> {target}": n for (op, target), n in sorted(r.items())}
                      for e, r in reports.items()},
@@ -117,7 +118,7 @@ def write_artifact(out_dir: Path, models: dict[str, onnx.ModelProto], manifest: 
 def read_manifest(out_dir: str | Path) -> dict:
     path = Path(out_dir) / MANIFEST
     if not path.exists():
-        raise FileNotFoundError(f"{out_dir} is not a k3c ONNX artifact: no {MANIFEST}")
+        raise ArtifactError(f"{out_dir} is not a k3c ONNX artifact: no {MANIFEST}")
     manifest = json.loads(path.read_text())
     if manifest.get("format") != FORMAT:
         raise ValueError(f"{path}: not a k3c ONNX manifest (format {manifest.get('format')!r})")

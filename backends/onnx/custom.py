@@ -1,8 +1,11 @@
-"""The lowering table of k3c's recurrent, fused and chunked ops: each IR node becomes one
-node of the custom domain `k3c` whose body (functions/) ships inside the model.
+"""The ONNX lowerings of k3c's recurrent, fused and chunked ops: each IR node becomes one
+node of the custom domain `k3c` whose body (functions/) ships inside the model (cell "fn"
+of the support matrix, in the `onnx` table of k3c.backends.tables).
 
     IR op                  k3c-domain op (attributes)
-    kda                    kda (scale) when T = 1, else kda_chunked (scale, chunk_size)
+    kda, attention, ...    the function of the op's own name (functions/: `op_function`)
+                           kda is the recurrence: the chunk-delta-rule pass decides whether
+                           a prefill runs chunked, as chunk_prepare/scan/output
     short_conv             short_conv | short_conv_silu
     situ / gated_mlp       situ | situ_identity_up, gated_mlp_{situ,silu}[...]
     chunk_prepare          chunk_prepare_{channel,head,none,linear} (chunk_size)
@@ -15,22 +18,22 @@ activation, a gate kind); numeric attributes stay attributes of the node.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from ...ir import Graph, Node
+from ..tables import builtin
 
-import sympy
+# The function bodies compute in fp32 (their constants and casts are fp32).
+BODY_FLOATS = ("f32",)
 
-from ...ir import Node
 
-CUSTOM: dict[str, Callable] = {}
-DEFAULT_CHUNK_SIZE = 64
+def _f32_body(node: Node, graph: Graph) -> tuple[bool, str]:
+    floats = {graph.types[v].dtype for v in node.inputs + node.outputs} - {"i64", "i32", "bool"}
+    if not floats <= set(BODY_FLOATS):
+        return False, f"the k3c-domain body of {node.op} is f32 only (got {', '.join(sorted(floats))})"
+    return True, ""
 
 
 def lowers(*ops: str):
-    def register(fn):
-        for op in ops:
-            CUSTOM[op] = fn
-        return fn
-    return register
+    return builtin("onnx", *ops, kind="fn", supports=_f32_body)
 
 
 def _call(lx, node: Node, name: str, extra_inputs: list[str] | None = None, **attrs) -> None:
@@ -38,38 +41,29 @@ def _call(lx, node: Node, name: str, extra_inputs: list[str] | None = None, **at
     lx.call(name, ins, [lx.out(node, i) for i in range(len(node.outputs))], **attrs)
 
 
-def _is_single_step(lx, node: Node) -> bool:
-    T = lx.type(node.inputs[0]).shape[1]
-    return not isinstance(T, sympy.Basic) and int(T) == 1
+def call_lowering(op: str, kinds: dict[str, str]) -> None:
+    """The lowering of an op whose body is the function of its own name (functions.op_function):
+    one k3c-domain node with the attributes `kinds` names."""
+    cast = {"float": float, "int": int}
 
+    def lower(lx, node):
+        a = lx.attrs(node)
+        _call(lx, node, op, **{k: cast[kind](a[k]) for k, kind in kinds.items()})
 
-def _recurrent(op: str):
-    def lower(lx, node: Node):
-        scale = float(node.attrs["scale"])
-        chunk = lx.chunk_size
-        if _is_single_step(lx, node) or not chunk:
-            _call(lx, node, op, scale=scale)
-        else:
-            _call(lx, node, f"{op}_chunked", scale=scale, chunk_size=int(chunk))
-    return lower
-
-
-for _op in ("kda", "gated_delta_rule", "delta_rule", "linear_attention"):
-    CUSTOM[_op] = _recurrent(_op)
+    builtin("onnx", op, kind="fn", supports=_f32_body)(lower)
 
 
 @lowers("short_conv")
 def _short_conv(lx, node):
-    act = node.attrs.get("activation", "none")
+    act = lx.attrs(node)["activation"]
     _call(lx, node, "short_conv_silu" if act == "silu" else "short_conv")
 
 
 def _act_name(base: str, attrs: dict) -> tuple[str, dict]:
-    """(function name, attributes) of an op with a gated activation."""
-    act = attrs.get("act", "situ")
-    if act == "silu":
+    """(function name, attributes) of an op with a gated activation (attrs: all of them)."""
+    if attrs["act"] == "silu":
         return f"{base}_silu" if base else "silu_glu", {}
-    beta, lb = float(attrs.get("beta", 4.0)), attrs.get("linear_beta")
+    beta, lb = float(attrs["beta"]), attrs["linear_beta"]
     name = f"{base}_situ" if base else "situ"
     if lb is None:
         return f"{name}_identity_up", {"beta": beta}
@@ -78,47 +72,23 @@ def _act_name(base: str, attrs: dict) -> tuple[str, dict]:
 
 @lowers("situ")
 def _situ(lx, node):
-    name, attrs = _act_name("", {"act": "situ", **node.attrs})
+    name, attrs = _act_name("", {"act": "situ", **lx.attrs(node)})
     _call(lx, node, name, **attrs)
 
 
-@lowers("gated_mlp")
-def _gated_mlp(lx, node):
-    name, attrs = _act_name("gated_mlp", node.attrs)
+@lowers("gated_mlp", "moe_experts")
+def _gated(lx, node):
+    name, attrs = _act_name(node.op, lx.attrs(node))
     _call(lx, node, name, **attrs)
-
-
-@lowers("moe_experts")
-def _moe_experts(lx, node):
-    name, attrs = _act_name("moe_experts", node.attrs)
-    _call(lx, node, name, **attrs)
-
-
-@lowers("moe_gate_up", "moe_down")
-def _moe_pieces(lx, node):
-    _call(lx, node, node.op)
-
-
-@lowers("causal_attention", "mla_attention", "mla_attention_absorbed")
-def _attention(lx, node):
-    _call(lx, node, node.op, scale=float(node.attrs["scale"]))
-
-
-@lowers("attn_res_mix")
-def _attn_res(lx, node):
-    _call(lx, node, "attn_res_mix", eps=float(node.attrs["eps"]))
 
 
 @lowers("chunk_prepare")
 def _chunk_prepare(lx, node):
-    _call(lx, node, f"chunk_prepare_{node.attrs['gate']}", chunk_size=int(node.attrs["chunk_size"]))
-
-
-@lowers("chunk_state_scan")
-def _chunk_state_scan(lx, node):
-    _call(lx, node, "chunk_state_scan")
+    a = lx.attrs(node)
+    _call(lx, node, f"chunk_prepare_{a['gate']}", chunk_size=int(a["chunk_size"]))
 
 
 @lowers("chunk_output")
 def _chunk_output(lx, node):
-    _call(lx, node, "chunk_output", [lx.b.dim(node.attrs["T"])], scale=float(node.attrs["scale"]))
+    a = lx.attrs(node)
+    _call(lx, node, "chunk_output", [lx.b.dim(a["T"])], scale=float(a["scale"]))

@@ -18,11 +18,10 @@ import sympy
 import torch
 from onnx import helper as oh
 
-from ...ir import Graph, Node
+from ...ir import OPS, Graph, Node
+from .. import tables as L
 from .builder import DOMAIN, IR_VERSION, MS_DOMAIN, ONNX_TYPES, OPSET, Builder, LoweringError, value_info
-from .custom import CUSTOM, DEFAULT_CHUNK_SIZE
 from .functions import FUNCTIONS, function_proto
-from .standard import STANDARD
 
 FLAVOURS = ("portable", "ort")
 PRESENT = "present."
@@ -53,7 +52,6 @@ class Lowering:
 
     graph: Graph
     flavour: str = "portable"
-    chunk_size: int | None = DEFAULT_CHUNK_SIZE
     b: Builder = field(init=False)
     initializers: dict[str, onnx.TensorProto] = field(default_factory=dict)
     functions: dict[str, onnx.FunctionProto] = field(default_factory=dict)
@@ -69,6 +67,14 @@ class Lowering:
     # ---- values --------------------------------------------------------------------
     def type(self, value: str):
         return self.graph.types[value]
+
+    def attrs(self, node: Node) -> dict:
+        """The node's attributes with the op's defaults filled in."""
+        return OPS[node.op].full_attrs(node.attrs)
+
+    def named(self, node: Node) -> dict[str, str]:
+        """The ONNX names of the node's inputs by the names of its op's spec."""
+        return dict(zip(OPS[node.op].tensor_inputs, (self.x(i) for i in node.inputs)))
 
     def x(self, value: str) -> str:
         """The ONNX name of IR value `value` (a weight becomes an initializer on first use)."""
@@ -120,30 +126,25 @@ class Lowering:
         self.b.op(name, inputs, outputs, domain=DOMAIN, **attrs)
 
     # ---- the walk ------------------------------------------------------------------
+    def lowering_of(self, node: Node) -> L.Lowering:
+        """The ort flavour's own mapping where it supports the node, else the portable one."""
+        tables = ("onnx:ort", "onnx") if self.flavour == "ort" else ("onnx",)
+        why = ""
+        for table in tables:
+            low, why = L.find(table, node, self.graph)
+            if low is not None:
+                return low
+        raise LoweringError(f"op {node.op!r} has no ONNX lowering here: {why} ({node.describe()})")
+
     def run(self) -> onnx.GraphProto:
         g = self.graph
         out_names = self._plan_outputs()
-        from .ort import ORT, plan_groups
-
-        groups = plan_groups(self) if self.flavour == "ort" else {}
-        for i, node in enumerate(g.nodes):
+        for node in g.nodes:
             before = len(self.b.nodes)
-            mapping = ORT.get(node.op) if self.flavour == "ort" else None
-            if i in groups:
-                if groups[i] is not None:
-                    groups[i](self)
-            elif mapping is not None and mapping.applies(self, node)[0]:
-                mapping.emit(self, node)
-            elif node.op in STANDARD:
-                STANDARD[node.op](self, node)
-            elif node.op in CUSTOM:
-                CUSTOM[node.op](self, node)
-            else:
-                raise LoweringError(f"op {node.op!r} has no ONNX lowering ({node.describe()})")
+            self.lowering_of(node).fn(self, node)
             for n in _walk(self.b.nodes[before:]):
                 if n.domain in (DOMAIN, MS_DOMAIN) or n.op_type in ("RMSNormalization", "Attention", "Conv", "Gemm"):
-                    what = "chunk_prepare+chunk_state_scan+chunk_output" if i in groups else node.op
-                    self.report[(what, f"{n.domain or 'ai.onnx'}::{n.op_type}")] += 1
+                    self.report[(node.op, f"{n.domain or 'ai.onnx'}::{n.op_type}")] += 1
         for (_, value), name in zip(g.outputs, out_names):
             if self.x(value) != name:
                 self.b.Identity(self.x(value), outputs=[name])
@@ -179,10 +180,10 @@ def _walk(nodes):
                 yield from _walk(a.g.node)
 
 
-def lower_graph(graph: Graph, flavour: str = "portable", chunk_size: int | None = DEFAULT_CHUNK_SIZE,
+def lower_graph(graph: Graph, flavour: str = "portable",
                 metadata: dict[str, str] | None = None) -> tuple[onnx.ModelProto, Counter]:
     """Lower one IR graph; returns the model (initializers inline) and what the custom ops became."""
-    lx = Lowering(graph, flavour, chunk_size)
+    lx = Lowering(graph, flavour)
     body = lx.run()
     opsets = [oh.make_opsetid("", OPSET)]
     if lx.functions or DOMAIN in lx.b.domains:

@@ -3,45 +3,39 @@ match k3c's exactly, and two prefill forms in standard ops that onnxruntime runs
 the portable bodies (a depthwise Conv, one Gemm per routed expert); every other op keeps its
 portable lowering (README.md has the table).
 
-    ORT["kda"].applies(lx, node) -> (ok, reason)      ORT["kda"].emit(lx, node)
-
-A mapping that cannot express a node (symbolic head sizes, SiTU experts, ...) says why
-and the node falls back to its function body; nothing is approximated.
+Each mapping registers in the `onnx:ort` table of k3c.backends.tables with its
+`supports(node, graph) -> (ok, reason)`; a mapping that cannot express a node (symbolic head
+sizes, SiTU experts, ...) says why and the node takes its portable lowering (the `onnx`
+table); nothing is approximated. The recurrent ops reach this flavour whole: the backend
+asks the chunk-delta-rule pass to keep them (OnnxBackend.takes_whole), so that onnxruntime's
+LinearAttention runs the prefill too.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-
 import sympy
 import torch
 
-from ...ir import Node
+from ...ir import Graph, Node
 from ...ir import dims as D
+from ..tables import builtin
 from .builder import INT64_MAX, MS_DOMAIN, Builder, subgraph
 from .functions.attention import absorbed_query, mla_keys_values
 from .functions.mlp import activation, moe_experts, sorted_slots
 from .standard import ones_like_last
 
 
-@dataclass(frozen=True)
-class Mapping:
-    target: str  # "domain::op" it becomes
-    applies: Callable[..., tuple[bool, str]]
-    emit: Callable[..., None]
-    note: str = ""
-
-
-ORT: dict[str, Mapping] = {}
+def mapping(target: str, *ops: str, supports):
+    """Register an emitter of ops as onnxruntime's `target` ("domain::op") where `supports` holds."""
+    return builtin("onnx:ort", *ops, kind=f"`{target}`", supports=supports)
 
 
 def _static(*dims) -> bool:
     return all(not isinstance(d, sympy.Basic) for d in dims)
 
 
-def _f32(lx, node: Node) -> bool:
-    return all(lx.type(i).dtype in ("f32", "i64") for i in node.inputs)
+def _f32(g: Graph, node: Node) -> bool:
+    return all(g.types[i].dtype in ("f32", "i64") for i in node.inputs)
 
 
 def _io(lx, node: Node):
@@ -59,26 +53,29 @@ _RULES = {"kda": "gated_delta", "gated_delta_rule": "gated_delta", "delta_rule":
           "linear_attention": "linear"}
 
 
-def _la_applies(lx, node):
-    _, _, H, K = lx.type(node.inputs[0]).shape
-    V = lx.type(node.inputs[2]).shape[3]
+def _la_applies(node, g):
+    _, _, H, K = g.types[node.inputs[0]].shape
+    V = g.types[node.inputs[2]].shape[3]
     if not _static(H, K, V):
         return False, "LinearAttention needs static head count and sizes"
-    if not _f32(lx, node):
+    if not _f32(g, node):
         return False, "f32 only"
     return True, ""
 
 
+@mapping("com.microsoft::LinearAttention", *_RULES, supports=_la_applies)
 def _la_emit(lx, node):
+    """update_rule by op; linear attention's z rides as a ones column of the state."""
     ins, outs = _io(lx, node)
     _, _, H, K = lx.type(node.inputs[0]).shape
     V = lx.type(node.inputs[2]).shape[3]
-    q, k, v = ins[:3]
+    x = lx.named(node)  # by the spec's input names: q k v [g] beta state, or q k v state z
+    q, k, v = x["q"], x["k"], x["v"]
     if node.op == "linear_attention":
-        _linear_attention_z(lx, q, k, v, ins[3], ins[4], H, K, V, float(node.attrs["scale"]), outs)
+        _linear_attention_z(lx, q, k, v, x["state"], x["z"], H, K, V, float(lx.attrs(node)["scale"]), outs)
         return
-    decay, beta, state = (ins[3], ins[4], ins[5]) if node.op in ("kda", "gated_delta_rule") else (None, *ins[3:5])
-    linear_attention(lx, q, k, v, decay, beta, state, H, K, V, _RULES[node.op], float(node.attrs["scale"]),
+    decay, beta, state = x.get("g"), x["beta"], x["state"]
+    linear_attention(lx, q, k, v, decay, beta, state, H, K, V, _RULES[node.op], float(lx.attrs(node)["scale"]),
                      outs[0], outs[1], per_channel=node.op == "kda")
 
 
@@ -111,27 +108,22 @@ def _linear_attention_z(lx, q, k, v, state, z, H: int, K: int, V: int, scale: fl
     b.Squeeze(cols(S1_out, V, V + 1), b.ints([-1]), outputs=[outs[2]])
 
 
-for _op in _RULES:
-    ORT[_op] = Mapping("com.microsoft::LinearAttention", _la_applies, _la_emit,
-                       f"update_rule={_RULES[_op]!r}" + (", z as a ones column" if _op == "linear_attention" else ""))
-
-
 # ---- short_conv -> com.microsoft::CausalConvWithState --------------------------------------
 
-def _conv_applies(lx, node):
-    if not _f32(lx, node):
-        return False, "f32 only"
-    return True, ""
+def _f32_only(node, g):
+    return (True, "") if _f32(g, node) else (False, "f32 only")
 
 
+@mapping("com.microsoft::CausalConvWithState / ai.onnx::Conv", "short_conv", supports=_f32_only)
 def _conv_emit(lx, node):
+    """channels_last=1, the state transposed in and out; group = C for many tokens."""
     if lx.type(node.inputs[0]).shape[1] != 1:
         return _depthwise_emit(lx, node)
     b = lx.b
     (x, w, state), (y, state_out) = _io(lx, node)
     weight = b.unsqueeze(w, 1)  # [C, 1, W]: constant-folded when w is (a view of) a weight
     past = b.Transpose(state, perm=[0, 2, 1])  # channels-last state [B, W-1, C]
-    act = "silu" if node.attrs.get("activation") == "silu" else "none"
+    act = lx.attrs(node)["activation"]
     out, present = b.op("CausalConvWithState", [x, weight, None, past], [y, b.fresh("present")], domain=MS_DOMAIN,
                         activation=act, channels_last=1)
     b.Transpose(present, outputs=[state_out], perm=[0, 2, 1])
@@ -146,32 +138,27 @@ def _depthwise_emit(lx, node):
     C, W = (int(d) for d in lx.type(node.inputs[1]).shape)
     xp = b.Concat(state, b.Transpose(x, perm=[0, 2, 1]), axis=2)  # [B, C, W-1+T]
     conv = b.Transpose(b.Conv(xp, b.unsqueeze(w, 1), group=C, kernel_shape=[W]), perm=[0, 2, 1])  # [B, T, C]
-    if node.attrs.get("activation") == "silu":
+    if lx.attrs(node)["activation"] == "silu":
         b.Mul(conv, b.Sigmoid(conv), outputs=[y])
     else:
         b.Identity(conv, outputs=[y])
     b.Slice(xp, b.shape_of(x, 1), b.ints([INT64_MAX]), b.ints([2]), outputs=[state_out])  # xp[..., T:]
 
 
-ORT["short_conv"] = Mapping("com.microsoft::CausalConvWithState / ai.onnx::Conv", _conv_applies,
-                            _conv_emit, "channels_last=1, the state transposed in and out; group = C for many tokens")
-
-
 # ---- rms_norm -> RMSNormalization ----------------------------------------------------------
 
-def _rms_applies(lx, node):
-    if lx.type(node.inputs[0]).dtype not in ("f32", "f16", "bf16", "f64"):
+def _rms_applies(node, g):
+    if g.types[node.inputs[0]].dtype not in ("f32", "f16", "bf16", "f64"):
         return False, "float inputs only"
     return True, ""
 
 
+@mapping("ai.onnx::RMSNormalization", "rms_norm", supports=_rms_applies)
 def _rms_emit(lx, node):
+    """stash_type=1 (fp32)."""
     ins, (y,) = _io(lx, node)
     scale = ins[1] if len(ins) > 1 else ones_like_last(lx, node.inputs[0])
-    lx.b.op("RMSNormalization", [ins[0], scale], [y], axis=-1, epsilon=float(node.attrs["eps"]), stash_type=1)
-
-
-ORT["rms_norm"] = Mapping("ai.onnx::RMSNormalization", _rms_applies, _rms_emit, "stash_type=1 (fp32)")
+    lx.b.op("RMSNormalization", [ins[0], scale], [y], axis=-1, epsilon=float(lx.attrs(node)["eps"]), stash_type=1)
 
 
 # ---- attention -> Attention (opset 23) -----------------------------------------------------
@@ -190,11 +177,11 @@ def _mask(lx, T, S, q: str, k: str, seq_axis: int) -> tuple[str | None, int]:
     return b.Not(b.Greater(s, b.Add(t, b.Sub(Sn, Tn)))), 0
 
 
-def _attn_applies(lx, node):
-    q, k, v = (lx.type(i) for i in node.inputs[:3])
+def _attn_applies(node, g):
+    q, k, v = (g.types[i] for i in node.inputs[:3])
     if not _static(q.shape[2], q.shape[3], k.shape[2], v.shape[3]):
         return False, "Attention needs static head count and sizes"
-    if not _f32(lx, node):
+    if not _f32(g, node):
         return False, "f32 only"
     return True, ""
 
@@ -207,69 +194,66 @@ def _attention(lx, q: str, k: str, v: str, T, S, H: int, Dv: int, scale: float, 
     b.Reshape(y, b.ints([0, 0, H, Dv]), outputs=[out])
 
 
+@mapping("ai.onnx::Attention", "causal_attention", supports=_attn_applies)
 def _causal_emit(lx, node):
+    """3-D packed heads."""
     (q, k, v), (o,) = _io(lx, node)
     qt, kt, vt = (lx.type(i) for i in node.inputs)
     _, T, H, Dq = qt.shape
     S, Dv = kt.shape[1], vt.shape[3]
     b = lx.b
     _attention(lx, _packed(b, q, H * Dq), _packed(b, k, H * Dq), _packed(b, v, H * Dv), T, S, H, Dv,
-               float(node.attrs["scale"]), o)
+               float(lx.attrs(node)["scale"]), o)
 
 
-ORT["causal_attention"] = Mapping("ai.onnx::Attention", _attn_applies, _causal_emit, "3-D packed heads")
-
-
-def _mla_applies(lx, node):
-    q, ckv, krope = (lx.type(i) for i in node.inputs[:3])
+def _mla_applies(node, g):
+    q, ckv, krope = (g.types[i] for i in node.inputs[:3])
     if not _static(q.shape[2], q.shape[3], krope.shape[2], ckv.shape[2]):
         return False, "Attention needs static head count and sizes"
-    if not _f32(lx, node):
+    if not _f32(g, node):
         return False, "f32 only"
     return True, ""
 
 
+@mapping("ai.onnx::Attention", "mla_attention", supports=_mla_applies)
 def _mla_emit(lx, node):
+    """Keys and values up-projected first."""
     (q, ckv, krope, w), (o,) = _io(lx, node)
     qt, ct = lx.type(node.inputs[0]), lx.type(node.inputs[1])
     _, T, H, Dq = qt.shape
-    Dv = int(node.attrs["v_head_dim"])
+    Dv = int(lx.attrs(node)["v_head_dim"])
     b = lx.b
     k, v = mla_keys_values(b, q, ckv, krope, w)
     _attention(lx, _packed(b, q, H * Dq), _packed(b, k, H * Dq), _packed(b, v, H * Dv), T, ct.shape[1], H, Dv,
-               float(node.attrs["scale"]), o)
+               float(lx.attrs(node)["scale"]), o)
 
 
-ORT["mla_attention"] = Mapping("ai.onnx::Attention", _mla_applies, _mla_emit, "keys/values up-projected first")
-
-
+@mapping("ai.onnx::Attention", "mla_attention_absorbed", supports=_mla_applies)
 def _absorbed_emit(lx, node):
+    """One KV head (MQA), 4-D."""
     (q, ckv, krope, w_uk, w_uv), (o,) = _io(lx, node)
     T, S = lx.type(node.inputs[0]).shape[1], lx.type(node.inputs[1]).shape[1]
     b = lx.b
     q_abs = absorbed_query(b, q, krope, w_uk)  # [B, H, T, Dc + Dr]
     k_abs = b.unsqueeze(b.Concat(ckv, krope, axis=-1), 1)  # [B, 1, S, Dc + Dr]: one KV head
     mask, causal = _mask(lx, T, S, q_abs, k_abs, 2)
-    o_lat = b.op("Attention", [q_abs, k_abs, b.unsqueeze(ckv, 1), mask], 1, scale=float(node.attrs["scale"]),
+    o_lat = b.op("Attention", [q_abs, k_abs, b.unsqueeze(ckv, 1), mask], 1, scale=float(lx.attrs(node)["scale"]),
                  is_causal=causal)
     b.Transpose(b.MatMul(o_lat, b.Transpose(w_uv, perm=[0, 2, 1])), outputs=[o], perm=[0, 2, 1, 3])
 
 
-ORT["mla_attention_absorbed"] = Mapping("ai.onnx::Attention", _mla_applies, _absorbed_emit,
-                                        "one KV head (MQA), 4-D")
-
 
 # ---- routed experts -> com.microsoft::MoE --------------------------------------------------
 
-def _moe_applies(lx, node):
+def _moe_applies(node, g):
     if node.attrs.get("act") != "silu":
         return False, "onnxruntime's MoE has no SiTU activation"
-    h, w13, w2 = (lx.type(i) for i in node.inputs[:3])
-    if node.inputs[1] not in lx.graph.weights or node.inputs[2] not in lx.graph.weights:
+    h, w13, w2 = (g.types[i] for i in node.inputs[:3])
+    if node.inputs[1] not in g.weights or node.inputs[2] not in g.weights:
         return False, "MoE needs the expert weights as initializers (they are re-laid out)"
     if not D.equal(w2.shape[1], h.shape[1]):
         return False, "MoE's output width must equal its input width"
-    if not _f32(lx, node):
+    if not _f32(g, node):
         return False, "f32 only"
     return True, ""
 
@@ -311,17 +295,17 @@ def _moe_emit(lx, node):
 MAX_UNROLLED_EXPERTS = 256
 
 
-def _unrolled_applies(lx, node):
-    if node.inputs[1] not in lx.graph.weights or node.inputs[2] not in lx.graph.weights:
+def _unrolled_applies(node, g):
+    if node.inputs[1] not in g.weights or node.inputs[2] not in g.weights:
         return False, "the per-expert form needs the expert weights as initializers"
-    if int(lx.type(node.inputs[1]).shape[0]) > MAX_UNROLLED_EXPERTS:
+    if int(g.types[node.inputs[1]].shape[0]) > MAX_UNROLLED_EXPERTS:
         return False, f"more than {MAX_UNROLLED_EXPERTS} experts: the unrolled graph would be too large"
-    N = lx.type(node.inputs[0]).shape[0]
-    E, k = lx.type(node.inputs[1]).shape[0], lx.type(node.inputs[3]).shape[1]
+    N = g.types[node.inputs[0]].shape[0]
+    E, k = g.types[node.inputs[1]].shape[0], g.types[node.inputs[3]].shape[1]
     few = int(N) * int(k) <= int(E) if D.is_static(N) else D.symbols_of(N) <= {"B"}  # N = B: a decode step
     if few:
         return False, "few tokens (a decode step) keep the body, whose gathered form reads only the routed experts"
-    if not _f32(lx, node):
+    if not _f32(g, node):
         return False, "f32 only"
     return True, ""
 
@@ -352,92 +336,26 @@ def _unrolled_emit(lx, node):
     b = lx.b
     E = int(lx.type(node.inputs[1]).shape[0])
     k = int(lx.type(node.inputs[3]).shape[1])
-    act = node.attrs.get("act", "situ")
+    a = lx.attrs(node)
+    act = a["act"]
     beta = linear_beta = None
     if act != "silu":
-        beta, linear_beta = b.param(float(node.attrs.get("beta", 4.0))), node.attrs.get("linear_beta")
+        beta, linear_beta = b.param(float(a["beta"])), a["linear_beta"]
         linear_beta = b.param(float(linear_beta)) if linear_beta is not None else None
     _unrolled_body(b, h, w13, w2, idx, w, E, k, act, beta, linear_beta, y)
 
 
-def _experts_applies(lx, node):
-    if node.attrs.get("act") == "silu" and _moe_applies(lx, node)[0]:
+def _experts_applies(node, g):
+    if _moe_applies(node, g)[0]:
         return True, ""
-    return _unrolled_applies(lx, node)
+    return _unrolled_applies(node, g)
 
 
+@mapping("com.microsoft::MoE / ai.onnx::Gemm", "moe_experts", supports=_experts_applies)
 def _experts_emit(lx, node):
-    if node.attrs.get("act") == "silu" and _moe_applies(lx, node)[0]:
+    """SiLU experts: router logits log(w), the output rescaled by sum(w); SiTU experts: the
+    slots sorted by expert, one Gemm per expert."""
+    if _moe_applies(node, lx.graph)[0]:
         _moe_emit(lx, node)
     else:
         _unrolled_emit(lx, node)
-
-
-ORT["moe_experts"] = Mapping("com.microsoft::MoE / ai.onnx::Gemm", _experts_applies, _experts_emit,
-                             "silu experts: router logits log(w), output rescaled by sum(w); SiTU experts: "
-                             "the slots sorted by expert, one Gemm per expert")
-
-# Ops with no onnxruntime kernel of the same semantics keep their function bodies (README.md).
-NO_KERNEL = {
-    "situ": "no onnxruntime kernel computes SiTU",
-    "gated_mlp": "no onnxruntime kernel fuses a GEMM with SiTU or SiLU-GLU",
-    "moe_gate_up": "onnxruntime's MoE runs whole experts, not the gate/up half",
-    "moe_down": "onnxruntime's MoE runs whole experts, not the down half",
-    "attn_res_mix": "no onnxruntime kernel for the AttnRes depth softmax",
-    "chunk_prepare": "the chunk pieces have no onnxruntime kernels (LinearAttention takes the whole op)",
-    "chunk_state_scan": "the chunk pieces have no onnxruntime kernels",
-    "chunk_output": "the chunk pieces have no onnxruntime kernels",
-}
-
-
-# ---- a chunked delta rule (chunk_prepare -> chunk_state_scan -> chunk_output) -> LinearAttention
-
-_GATE_RULES = {"channel": "gated_delta", "head": "gated_delta", "none": "delta", "linear": "linear"}
-
-
-def plan_groups(lx) -> dict[int, Callable | None]:
-    """Node groups one kernel runs whole: node index -> its emitter, or None for the other
-    members of the group (lowered with it). Today: the three chunk pieces of one recurrent
-    op, whose intermediates nothing else reads, become one LinearAttention (any T)."""
-    g = lx.graph
-    index = {id(n): i for i, n in enumerate(g.nodes)}
-    producers, users = g.producers(), g.users()
-    outputs = set(g.output_values)
-    plan: dict[int, Callable | None] = {}
-    for scan in g.nodes:
-        if scan.op != "chunk_state_scan":
-            continue
-        prep = producers.get(scan.inputs[0])
-        if prep is None or prep.op != "chunk_prepare":
-            continue
-        qd, kd, w, u, aqk, decay = prep.outputs
-        readers = {id(n) for v in scan.outputs[:2] for n in users.get(v, [])}
-        out = users[scan.outputs[0]][0] if users.get(scan.outputs[0]) else None
-        if (scan.inputs[:4] != [w, u, kd, decay] or out is None or out.op != "chunk_output"
-                or out.inputs != [qd, aqk, scan.outputs[0], scan.outputs[1]] or readers != {id(out)}):
-            continue
-        inner = list(prep.outputs) + scan.outputs[:2]
-        if any(v in outputs for v in inner) or any(
-                {id(n) for n in users.get(v, [])} - {id(scan), id(out)} for v in prep.outputs):
-            continue
-        q, v = (lx.type(x) for x in (prep.inputs[0], prep.inputs[2]))
-        _, T, H, K = q.shape
-        if not _static(H, K, v.shape[3]) or not D.equal(out.attrs["T"], T) or not _f32(lx, prep):
-            continue
-        plan[index[id(prep)]] = None
-        plan[index[id(out)]] = None
-        plan[index[id(scan)]] = _chunk_group_emitter(prep, scan, out)
-    return plan
-
-
-def _chunk_group_emitter(prep: Node, scan: Node, out: Node) -> Callable:
-    def emit(lx) -> None:
-        gate = prep.attrs["gate"]
-        xs = [lx.x(i) for i in prep.inputs]
-        _, _, H, K = lx.type(prep.inputs[0]).shape
-        V = lx.type(prep.inputs[2]).shape[3]
-        beta = xs[3] if gate != "linear" else None
-        decay = xs[4] if gate in ("channel", "head") else None
-        linear_attention(lx, xs[0], xs[1], xs[2], decay, beta, lx.x(scan.inputs[4]), H, K, V, _GATE_RULES[gate],
-                         float(out.attrs["scale"]), lx.out(out, 0), lx.out(scan, 2), per_channel=gate == "channel")
-    return emit

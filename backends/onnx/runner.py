@@ -15,7 +15,8 @@ import numpy as np
 import sympy
 import torch
 
-from ...ir import InputError
+from ...errors import InputError
+from ..artifact import verify
 from .artifact import read_manifest
 
 
@@ -77,6 +78,7 @@ class OnnxRunner:
     def __init__(self, out_dir: str | Path, providers: list[str] | None = None, threads: int | None = None,
                  spinning: bool = False):
         self.out_dir = Path(out_dir)
+        verify(self.out_dir, "onnx")  # every file present and undamaged before onnxruntime maps it
         self.manifest = read_manifest(self.out_dir)
         self.providers = providers or default_providers()
         self.threads, self.spinning = threads, spinning

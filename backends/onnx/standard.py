@@ -1,7 +1,9 @@
-"""The lowering table of the standard IR ops: elementwise math, shapes, reductions, matmul,
-norms, indexing. Each entry emits standard ONNX ops (opset 23) for one IR node.
+"""The ONNX lowerings of the standard IR ops: elementwise math, shapes, reductions, matmul,
+norms, indexing. Each emits standard ONNX ops (opset 23) for one IR node and registers in
+the `onnx` table of k3c.backends.tables (cell "std" of the support matrix):
 
-    STANDARD["linear"](lx, node)      lx: the Lowering of the graph (lower.py)
+    @lowers("neg")
+    def _neg(lx, node): ...        lx: the Lowering of the graph (lower.py)
 
 Attributes holding symbolic dims (reshape shapes, slice bounds, arange ends) become int64
 tensors computed at run time from the input shapes (`lx.b.shape`, `lx.b.dim`).
@@ -9,24 +11,26 @@ tensors computed at run time from the input shapes (`lx.b.shape`, `lx.b.dim`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import numpy as np
 import onnx
 import sympy
+import torch
 
-from ...ir import Node
-from .builder import INT64_MAX, NUMPY_TYPES, ONNX_TYPES
+from ...ir import Graph, Node
+from ...kernels.mxfp4.naive import GROUP_SIZE, e2m1_table, e8m0_to_float
+from ..tables import builtin
+from . import stable
+from .builder import NUMPY_TYPES, ONNX_TYPES
 
-STANDARD: dict[str, Callable] = {}
+
+def _no_bf16_constant(node: Node, graph: Graph) -> tuple[bool, str]:
+    if any(graph.types[v].dtype == "bf16" for v in node.outputs):
+        return False, "bf16 constants have no ONNX lowering here"
+    return True, ""
 
 
-def lowers(*ops: str):
-    def register(fn):
-        for op in ops:
-            STANDARD[op] = fn
-        return fn
-    return register
+def lowers(*ops: str, supports=None):
+    return builtin("onnx", *ops, kind="std", supports=supports)
 
 
 def _io(lx, node: Node):
@@ -41,11 +45,11 @@ def _simple(onnx_op: str, **fixed):
 
 
 for _ir, _onnx in {"neg": "Neg", "exp": "Exp", "log": "Log", "sqrt": "Sqrt", "abs": "Abs",
-                   "reciprocal": "Reciprocal", "sigmoid": "Sigmoid", "tanh": "Tanh", "relu": "Relu",
+                   "reciprocal": "Reciprocal", "tanh": "Tanh", "relu": "Relu",
                    "add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div", "pow": "Pow",
                    "maximum": "Max", "minimum": "Min", "less": "Less", "greater": "Greater",
                    "where": "Where", "matmul": "MatMul"}.items():
-    STANDARD[_ir] = _simple(_onnx)
+    lowers(_ir)(_simple(_onnx))
 
 
 @lowers("rsqrt")
@@ -54,10 +58,16 @@ def _rsqrt(lx, node):
     lx.b.Reciprocal(lx.b.Sqrt(x), outputs=[y])
 
 
+@lowers("sigmoid")
+def _sigmoid(lx, node):  # onnxruntime's Sigmoid loses the relative accuracy of negative inputs
+    (x,), (y,) = _io(lx, node)
+    stable.sigmoid(lx.b, x, lx.type(node.inputs[0]).dtype, outputs=[y])
+
+
 @lowers("silu")
 def _silu(lx, node):
     (x,), (y,) = _io(lx, node)
-    lx.b.Mul(x, lx.b.Sigmoid(x), outputs=[y])
+    lx.b.Mul(x, stable.sigmoid(lx.b, x, lx.type(node.inputs[0]).dtype), outputs=[y])
 
 
 @lowers("softplus")
@@ -65,7 +75,8 @@ def _softplus(lx, node):
     """torch's softplus: x where beta x > threshold, else log(1 + exp(beta x)) / beta."""
     (x,), (y,) = _io(lx, node)
     b, dt = lx.b, lx.type(node.inputs[0]).dtype
-    beta, threshold = node.attrs.get("beta", 1.0), node.attrs.get("threshold", 20.0)
+    a = lx.attrs(node)
+    beta, threshold = a["beta"], a["threshold"]
     bx = b.Mul(x, b.const(beta, dt))
     soft = b.Div(b.Softplus(bx), b.const(beta, dt))
     b.Where(b.Greater(bx, b.const(threshold, dt)), x, soft, outputs=[y])
@@ -74,16 +85,16 @@ def _softplus(lx, node):
 @lowers("elu")
 def _elu(lx, node):
     (x,), (y,) = _io(lx, node)
-    lx.b.Elu(x, outputs=[y], alpha=float(node.attrs.get("alpha", 1.0)))
+    lx.b.Elu(x, outputs=[y], alpha=float(lx.attrs(node)["alpha"]))
 
 
 @lowers("gelu")
 def _gelu(lx, node):
     (x,), (y,) = _io(lx, node)
-    lx.b.Gelu(x, outputs=[y], approximate=node.attrs.get("approximate", "none"))
+    lx.b.Gelu(x, outputs=[y], approximate=lx.attrs(node)["approximate"])
 
 
-@lowers("const")
+@lowers("const", supports=_no_bf16_constant)
 def _const(lx, node):
     _, (y,) = _io(lx, node)
     dt = node.attrs["dtype"]
@@ -96,7 +107,7 @@ def _cast(lx, node):
     lx.b.Cast(x, outputs=[y], to=ONNX_TYPES[node.attrs["dtype"]])
 
 
-@lowers("full")
+@lowers("full", supports=_no_bf16_constant)
 def _full(lx, node):
     _, (y,) = _io(lx, node)
     dt = node.attrs["dtype"]
@@ -107,8 +118,9 @@ def _full(lx, node):
 @lowers("arange")
 def _arange(lx, node):
     _, (y,) = _io(lx, node)
-    b, dt = lx.b, node.attrs.get("dtype", "i64")
-    start, end = b.scalar_dim(node.attrs.get("start", 0)), b.scalar_dim(node.attrs["end"])
+    b, a = lx.b, lx.attrs(node)
+    dt = a["dtype"]
+    start, end = b.scalar_dim(a["start"]), b.scalar_dim(a["end"])
     r = b.Range(start, end, b.const(1, "i64"))
     b.Cast(r, outputs=[y], to=ONNX_TYPES[dt]) if dt != "i64" else b.Identity(r, outputs=[y])
 
@@ -125,18 +137,11 @@ def _permute(lx, node):
     lx.b.Transpose(x, outputs=[y], perm=list(node.attrs["perm"]))
 
 
-def _bound(b, v) -> str:
-    if isinstance(v, int) and v >= 2**62:
-        return b.ints([INT64_MAX])
-    return b.dim(v)
-
-
 @lowers("slice")
 def _slice(lx, node):
     (x,), (y,) = _io(lx, node)
-    b, a = lx.b, node.attrs
-    b.Slice(x, _bound(b, a.get("start", 0)), _bound(b, a["end"]), b.ints([a["dim"]]), b.ints([a.get("step", 1)]),
-            outputs=[y])
+    b, a = lx.b, lx.attrs(node)
+    b.Slice(x, b.dim(a["start"]), b.dim(a["end"]), b.ints([a["dim"]]), b.ints([a["step"]]), outputs=[y])
 
 
 @lowers("concat")
@@ -148,7 +153,7 @@ def _concat(lx, node):
 @lowers("stack")
 def _stack(lx, node):
     ins, (y,) = _io(lx, node)
-    dim = node.attrs.get("dim", 0)
+    dim = lx.attrs(node)["dim"]
     rank = lx.type(node.inputs[0]).rank
     axis = dim % (rank + 1)
     lx.b.op("Concat", [lx.b.unsqueeze(x, axis) for x in ins], [y], axis=axis)
@@ -169,13 +174,14 @@ def _expand(lx, node):
 def _reduce(onnx_op: str):
     def lower(lx, node):
         (x,), (y,) = _io(lx, node)
-        lx.b.op(onnx_op, [x, lx.b.ints(node.attrs["dims"])], [y], keepdims=int(bool(node.attrs.get("keepdim"))))
+        a = lx.attrs(node)
+        lx.b.op(onnx_op, [x, lx.b.ints(a["dims"])], [y], keepdims=int(a["keepdim"]))
     return lower
 
 
-STANDARD["reduce_sum"] = _reduce("ReduceSum")
-STANDARD["reduce_mean"] = _reduce("ReduceMean")
-STANDARD["reduce_max"] = _reduce("ReduceMax")
+lowers("reduce_sum")(_reduce("ReduceSum"))
+lowers("reduce_mean")(_reduce("ReduceMean"))
+lowers("reduce_max")(_reduce("ReduceMax"))
 
 
 @lowers("softmax")
@@ -201,6 +207,7 @@ def _embedding(lx, node):
     lx.b.Gather(w, ids, outputs=[y], axis=0)
 
 
+@lowers("rms_norm")
 def rms_norm_portable(lx, node):
     """x / sqrt(mean(x^2) + eps) * w in standard arithmetic (as torch's rms_norm)."""
     ins, (y,) = _io(lx, node)
@@ -210,8 +217,6 @@ def rms_norm_portable(lx, node):
     normed = b.Mul(x, b.Reciprocal(b.Sqrt(b.Add(ms, b.const(node.attrs["eps"], dt)))))
     b.Mul(normed, ins[1], outputs=[y]) if len(ins) > 1 else b.Identity(normed, outputs=[y])
 
-
-STANDARD["rms_norm"] = rms_norm_portable
 
 
 def ones_like_last(lx, value: str) -> str:
@@ -233,10 +238,31 @@ def _layer_norm(lx, node):
 @lowers("topk")
 def _topk(lx, node):
     (x,), outs = _io(lx, node)
-    lx.b.op("TopK", [x, lx.b.ints([node.attrs["k"]])], outs, axis=node.attrs.get("dim", -1), largest=1, sorted=1)
+    a = lx.attrs(node)
+    lx.b.op("TopK", [x, lx.b.ints([a["k"]])], outs, axis=a["dim"], largest=1, sorted=1)
 
 
 @lowers("gather")
 def _gather(lx, node):
     (x, idx), (y,) = _io(lx, node)
     lx.b.GatherElements(x, idx, outputs=[y], axis=node.attrs["dim"])
+
+
+@lowers("mxfp4_decode")
+def _mxfp4_decode(lx, node):
+    """MXFP4 in standard ops: the two codes of a byte by BitwiseAnd / BitShift (low nibble
+    first), their values from the 16-entry E2M1 table, each group's scale from the 256-entry
+    E8M0 table (exact powers of two, 255 NaN), both by Gather. onnxruntime's DequantizeLinear
+    has no float4e2m1 kernel on the CPU, and these ops compute the same values exactly."""
+    (packed, scale), (y,) = _io(lx, node)
+    b, dt = lx.b, lx.attrs(node)["dtype"]
+    lo = b.BitwiseAnd(packed, b.const(0x0F, "u8"))
+    hi = b.op("BitShift", [packed, b.const(4, "u8")], 1, direction="RIGHT")
+    codes = b.Concat(b.unsqueeze(lo, -1), b.unsqueeze(hi, -1), axis=-1)  # [..., K/2, 2]
+    values = b.Gather(b.const(e2m1_table().numpy(), "f32"), b.Cast(codes, to=ONNX_TYPES["i64"]), axis=0)
+    scales = b.Gather(b.const(e8m0_to_float(torch.arange(256, dtype=torch.uint8)).numpy(), "f32"),
+                      b.Cast(scale, to=ONNX_TYPES["i64"]), axis=0)  # [..., K/32]
+    lead = b.Shape(packed, end=-1)
+    groups = b.Reshape(values, b.Concat(lead, b.ints([-1, GROUP_SIZE]), axis=0))  # [..., K/32, 32]
+    w = b.Reshape(b.Mul(groups, b.unsqueeze(scales, -1)), b.Concat(lead, b.ints([-1]), axis=0))
+    b.Cast(w, outputs=[y], to=ONNX_TYPES[dt]) if dt != "f32" else b.Identity(w, outputs=[y])

@@ -18,15 +18,18 @@ from pathlib import Path
 
 import torch
 
-from ...ir import Graph, InputError, Node, bind_dims, parse, print_graph
+from ...errors import ArtifactError
+from ...ir import Graph, InputError, Node, parse, print_graph
+from .. import tables as L
+from ..artifact import seal, verify
+from ..base import legalized
+from ..contract import check_inputs
+from ..signs import decay_inputs
+from ..weights import unshared
 from .codegen import generate_module
-from .elementwise import FLOATS
-from .lowering import LOWERINGS, REASONS
 
 MODULE_FILE = "model_triton.py"
 FORMAT = "k3c-triton-1"
-# Recurrent-state ops whose kernels hold a [K, BV] state block in registers.
-MAX_HEAD_DIM = 256
 
 
 class TritonRunner:
@@ -36,6 +39,7 @@ class TritonRunner:
                  missing: str = ""):
         self.module, self.entries, self.weights, self.device = module, entries, weights, device
         self.missing = missing  # why it cannot run: weights without data (a model built on the meta device)
+        self._decays: dict[str, list[str]] = {}
 
     def run(self, entry: str, *inputs: torch.Tensor) -> list[torch.Tensor]:
         """Outputs in the graph's order, on the device of the inputs (CPU inputs on a GPU
@@ -43,8 +47,9 @@ class TritonRunner:
         if entry not in self.entries:
             raise KeyError(f"the Triton artifact has no entry {entry!r}; it has {', '.join(self.entries)}")
         if self.missing:
-            raise ValueError(self.missing)
-        bind_dims(self.entries[entry], inputs)  # an InputError names an input that does not fit
+            raise ArtifactError(self.missing)
+        g = self.entries[entry]  # an InputError names an input, an id, a dim out of range or a log-decay > 0
+        check_inputs(g, inputs, self._decays.setdefault(entry, decay_inputs(g)), "Triton")
         home = inputs[0].device if inputs else torch.device(self.device)
         outs = self.module.forward(entry, [x.to(self.device) for x in inputs], self.weights)
         return outs if home.type == torch.device(self.device).type else [o.to(home) for o in outs]
@@ -53,16 +58,20 @@ class TritonRunner:
 class TritonBackend:
     """`target` None: the kernels compile when they first run (on the GPU, or the interpreter);
     "sm_80", "sm_90", "sm_100": `lower` also compiles every kernel ahead of time for that GPU
-    (aot.py; `aot_options`: seq_len, batch, jobs) and keeps the report in `aot_report`."""
+    (aot.py, at prefill length `seq_len` and `batch`, on `jobs` processes) and keeps the report in `aot_report`."""
 
     name = "triton"
 
-    def __init__(self, target: str | None = None, **aot_options):
+    def __init__(self, target: str | None = None, seq_len: int | None = None, batch: int | None = None,
+                 jobs: int | None = None):
         if target is not None:
             from .aot import target as known_target
 
             known_target(target)
-        self.target, self.aot_options = target, aot_options
+        elif seq_len is not None or batch is not None or jobs is not None:
+            raise TypeError("triton backend: seq_len, batch and jobs configure the AOT compile; give a target too")
+        given = {"seq_len": seq_len, "batch": batch, "jobs": jobs}
+        self.target, self.aot_options = target, {k: v for k, v in given.items() if v is not None}
         self.aot_report = None
 
     def is_available(self) -> tuple[bool, str]:
@@ -73,22 +82,11 @@ class TritonBackend:
         return True, ""
 
     def supports(self, node: Node, graph: Graph) -> tuple[bool, str]:
-        if node.op not in LOWERINGS:
-            return False, REASONS.get(node.op, f"no Triton lowering for op {node.op!r}")
-        if node.op in ("kda", "gated_delta_rule", "delta_rule", "linear_attention", "chunk_prepare"):
-            K = graph.types[node.inputs[0]].shape[-1]
-            V = graph.types[node.inputs[2]].shape[-1]
-            if not all(isinstance(d, int) and d <= MAX_HEAD_DIM for d in (K, V)):
-                return False, f"head dims K={K}, V={V}: the Triton kernels take static head dims up to {MAX_HEAD_DIM}"
-            if any(graph.types[i].dtype not in FLOATS for i in node.inputs):
-                return False, "the Triton kernels take floating-point inputs"
-        if node.op == "chunk_prepare":
-            C = node.attrs.get("chunk_size")
-            if not isinstance(C, int) or C < 16 or C & (C - 1):
-                return False, f"chunk_size {C}: the Triton chunk kernels need a power of two >= 16"
-        return True, ""
+        low, why = L.find("triton", node, graph)
+        return (True, "") if low is not None else (False, why)
 
-    def lower(self, graphs: dict[str, Graph], out_dir: Path, **options) -> Path:
+    def lower(self, graphs: dict[str, Graph], out_dir: Path) -> Path:
+        graphs = legalized(self, graphs)
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         title = next(iter(graphs.values())).meta.get("model") or next(iter(graphs.values())).name
@@ -104,25 +102,24 @@ class TritonBackend:
         if real:
             from safetensors.torch import save_file
 
-            save_file(real, str(out / "weights.safetensors"))
+            save_file(unshared(real), str(out / "weights.safetensors"))  # tied weights as copies
         manifest = {"format": FORMAT, "module": MODULE_FILE,
                     "entries": {e: {"inputs": g.inputs, "outputs": [k for k, _ in g.outputs], "graph": f"{e}.k3c"}
                                 for e, g in graphs.items()}}
         (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
-        target = options.get("target") or self.target
-        if target:
+        if self.target:  # every kernel compiled for the GPU, inside the artifact before it is sealed
             from .aot import compile_kernels
 
-            aot = {**self.aot_options, **{k: options[k] for k in ("seq_len", "batch", "jobs") if k in options}}
-            self.aot_report = compile_kernels(out, target, **aot)
+            self.aot_report = compile_kernels(out, self.target, **self.aot_options)
+        seal(out, backend=self.name, model=next(iter(graphs.values())).meta.get("model"))
         return out
 
-    def load(self, out_dir: Path, **options) -> TritonRunner:
+    def load(self, out_dir: Path) -> TritonRunner:
         out = Path(out_dir)
         manifest_file = out / "manifest.json"
         if not manifest_file.exists():
-            raise FileNotFoundError(f"{out} holds no Triton artifact (no manifest.json); run k3c compile first")
-        manifest = json.loads(manifest_file.read_text())
+            raise ArtifactError(f"{out} holds no Triton artifact (no manifest.json); run k3c compile first")
+        manifest = verify(out, self.name)
         if manifest.get("format") != FORMAT:
             raise ValueError(f"{manifest_file}: format {manifest.get('format')!r}, this k3c reads {FORMAT!r}")
         from ...kernels.common.triton import DEVICE

@@ -31,7 +31,7 @@ EXPR: dict[str, str] = {
     "tanh": "tanh({a})",
     "relu": "tl.maximum({a}, 0.0)",
     "silu": "{a} * tl.sigmoid({a})",
-    "softplus": "tl.where({a} * {beta} > {threshold}, {a}, tl.log(1.0 + tl.exp({a} * {beta})) / {beta})",
+    "softplus": "softplus({a}, {beta}, {threshold})",  # kernels/common/triton/stable.py
     "elu": "tl.where({a} > 0, {a}, {alpha} * (tl.exp({a}) - 1.0))",
     "gelu": "0.5 * {a} * (1.0 + tl.math.erf({a} * 0.7071067811865476))",
     "add": "{a} + {b}",

@@ -1,6 +1,5 @@
 """What generated Triton modules call besides the kernel templates: the launcher of the
-generated elementwise kernels, and the recurrent-op entry points that choose between the
-recurrent and the chunked kernels by length.
+generated elementwise kernels, and the recurrent-op entry points.
 
 Importing this module imports k3c.kernels.common.triton first, which decides the mode
 (TRITON_INTERPRET=1 on a machine without CUDA) before any kernel is decorated.
@@ -11,14 +10,10 @@ from __future__ import annotations
 import torch
 
 from ...kernels.common.triton import DEVICE, INTERPRET
-from ...kernels.kda.triton import chunk_output, chunk_prepare, chunk_state_scan, fused_recurrent
+from ...kernels.kda.triton import fused_recurrent
 
 import triton  # isort: skip  (after common.triton has chosen the mode)
 
-# Up to this many steps a recurrent op runs token by token (decode is T = 1); longer inputs
-# run chunked: (a) intra-chunk, (b) the state scan, (c) the output.
-RECURRENT_MAX_T = 16
-CHUNK_SIZE = 64  # the chunk of prefill when the graph was not chunked by a pass (as eager)
 
 
 def elementwise(kernel, shape: tuple, dtype: torch.dtype, *inputs: torch.Tensor) -> torch.Tensor:
@@ -62,50 +57,31 @@ def _block(n: int) -> int:
     return min(triton.next_power_of_2(n), 1 << 16) if INTERPRET else 1024
 
 
-def _gate(g: torch.Tensor | None) -> str:
-    return "none" if g is None else ("head" if g.dim() == 3 else "channel")
-
-
-def delta_family(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None, beta: torch.Tensor,
-                 state: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """KDA (g [B, T, H, K]), the gated delta rule (g [B, T, H]) or the delta rule (g None):
-    token by token up to RECURRENT_MAX_T steps, else the three chunked pieces."""
-    T = q.shape[1]
-    if T <= RECURRENT_MAX_T:
-        return fused_recurrent(q, k, v, g, beta, scale, state)
-    pieces = chunk_prepare(q, k, v, beta, g, CHUNK_SIZE, _gate(g))
-    q_dec, k_dec, w, u, aqk, decay = pieces
-    v_new, starts, S = chunk_state_scan(w, u, k_dec, decay, state)
-    return chunk_output(q_dec, aqk, v_new, starts, scale, T, out_dtype=v.dtype), S
-
+# The recurrent ops run token by token: a prefill reaches this backend already rewritten into
+# the chunk pieces by the chunk-delta-rule pass (the one place the prefill form is decided).
 
 def kda(q, k, v, g, beta, state, scale):
-    """The IR op `kda` (see delta_family)."""
-    return delta_family(q, k, v, g, beta, state, scale)
+    """The IR op `kda`: the fused recurrent kernel (g [B, T, H, K])."""
+    return fused_recurrent(q, k, v, g, beta, scale, state)
 
 
 def gated_delta_rule(q, k, v, g, beta, state, scale):
-    """The IR op `gated_delta_rule` (see delta_family)."""
-    return delta_family(q, k, v, g, beta, state, scale)
+    """The IR op `gated_delta_rule`: the fused recurrent kernel (g [B, T, H])."""
+    return fused_recurrent(q, k, v, g, beta, scale, state)
 
 
 def delta_rule(q, k, v, beta, state, scale):
-    """The IR op `delta_rule` (see delta_family)."""
-    return delta_family(q, k, v, None, beta, state, scale)
+    """The IR op `delta_rule`: the fused recurrent kernel without decay."""
+    return fused_recurrent(q, k, v, None, beta, scale, state)
 
 
 def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: torch.Tensor, z: torch.Tensor,
                      scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The IR op `linear_attention`: the normaliser z rides along as an all-ones value column,
     so S and z share one recurrence (no beta, no delta correction); o = (q S) / (q z)."""
-    T, V = q.shape[1], v.shape[-1]
+    V = v.shape[-1]
     v1 = torch.cat([v.float(), v.new_ones(*v.shape[:-1], 1, dtype=torch.float32)], dim=-1)
     S1 = torch.cat([state.float(), z.float()[..., None]], dim=-1)
-    if T <= RECURRENT_MAX_T:
-        o1, S1 = fused_recurrent(q, k, v1, None, None, scale, S1, out_dtype=torch.float32)
-    else:
-        q_dec, k_dec, w, u, aqk, decay = chunk_prepare(q, k, v1, None, None, CHUNK_SIZE, "linear")
-        v_new, starts, S1 = chunk_state_scan(w, u, k_dec, decay, S1)
-        o1 = chunk_output(q_dec, aqk, v_new, starts, scale, T)
+    o1, S1 = fused_recurrent(q, k, v1, None, None, scale, S1, out_dtype=torch.float32)
     o = (o1[..., :V] / o1[..., V:]).to(v.dtype)
     return o, S1[..., :V].contiguous(), S1[..., V].contiguous()

@@ -22,39 +22,31 @@ from __future__ import annotations
 from pathlib import Path
 
 from ...ir import Graph, Node
-from ..base import table_supports
+from .. import tables as L
+from ..artifact import seal
+from ..base import legalized
+from . import cache
 from .build import build, export, scheduled_module
 from .dims import DimError, DimMap
-from .lower import LOWERINGS
 from .runner import TvmRunner
 from .target import KINDS
-
-# ops whose TVM lowering is a TensorIR kernel that computes in float32
-_FLOAT32_KERNELS = {"kda", "gated_delta_rule", "delta_rule", "linear_attention", "short_conv", "causal_attention",
-                    "mla_attention", "mla_attention_absorbed", "attn_res_mix", "moe_gate_up", "moe_down",
-                    "moe_experts", "situ", "gated_mlp", "chunk_prepare", "chunk_state_scan", "chunk_output"}
 
 
 class TvmBackend:
     name = "tvm"
 
-    def __init__(self, target: str = "llvm", **options):
+    def __init__(self, target: str = "llvm", arch: str | None = None):
         if target not in KINDS:
             raise ValueError(f"tvm: unknown target {target!r}; known: {', '.join(KINDS)}")
-        self.target, self.options = target, options
+        self.target, self.options = target, ({"arch": arch} if arch else {})
 
     def is_available(self) -> tuple[bool, str]:
         return True, ""
 
     def supports(self, node: Node, graph: Graph) -> tuple[bool, str]:
-        ok, why = table_supports(LOWERINGS, node, "tvm")
-        if not ok:
-            return ok, why
-        if node.op in _FLOAT32_KERNELS:
-            for v in node.inputs + node.outputs:
-                t = graph.types[v]
-                if t.dtype in ("f64", "f16", "bf16"):
-                    return False, f"the TVM kernel of {node.op} computes in f32; %{v} is {t.dtype}"
+        low, why = L.find("tvm", node, graph)
+        if low is None:
+            return False, why
         dims = DimMap(graph)
         for v in node.outputs:
             for d in graph.types[v].shape:
@@ -71,18 +63,23 @@ class TvmBackend:
             raise ValueError(f"tvm: unknown target {target!r}; known: {', '.join(KINDS)}")
         return target, opts
 
-    def lower(self, graphs: dict[str, Graph], out_dir: Path, **options) -> Path:
-        target, opts = self._opts(options)
-        ex, seconds = build(graphs, target, **opts)
-        return export(ex, graphs, Path(out_dir), target, opts, seconds)
+    def lower(self, graphs: dict[str, Graph], out_dir: Path) -> Path:
+        graphs = legalized(self, graphs)
+        target, opts = self._opts({})
+        out, k = Path(out_dir), cache.key(graphs, target, opts)
+        ex, seconds = (None, 0.0) if cache.fetch(k, out) else build(graphs, target, **opts)
+        out = export(ex, graphs, out, target, opts, seconds)
+        cache.store(k, out)
+        seal(out, backend=self.name, model=next(iter(graphs.values())).meta.get("model"), variant=target)
+        return out
 
-    def load(self, out_dir: Path, **options) -> TvmRunner:
+    def load(self, out_dir: Path) -> TvmRunner:
         return TvmRunner(out_dir)
 
     def show(self, graphs: dict[str, Graph], **options) -> str:
         """The scheduled module (Relax functions and TensorIR) as TVMScript text."""
         target, opts = self._opts(options)
-        return scheduled_module(graphs, target, **opts).script(show_meta=False)
+        return scheduled_module(legalized(self, graphs), target, **opts).script(show_meta=False)
 
 
 __all__ = ["TvmBackend", "TvmRunner"]

@@ -26,6 +26,7 @@ from tvm import relax
 
 from ...ir import Graph
 from ...ir import dims as D
+from ..signs import decay_inputs
 from .lower import lower_module, weight_names
 from .schedules import default_schedule
 from .target import make_target
@@ -111,6 +112,7 @@ def manifest(graphs: dict[str, Graph], target: str, options: dict, seconds: floa
                 "inputs": [_type_entry(n, g.types[n]) for n in g.inputs],
                 "outputs": [_type_entry(name, g.types[v]) for name, v in g.outputs],
                 "id_bounds": _id_bounds(g),
+                "nonpositive": decay_inputs(g),  # log-decays fed as inputs: the kernels assume <= 0
             }
             for entry, g in graphs.items()
         },
@@ -118,17 +120,19 @@ def manifest(graphs: dict[str, Graph], target: str, options: dict, seconds: floa
 
 
 def export(ex, graphs: dict[str, Graph], out_dir: Path, target: str, options: dict, seconds: float) -> Path:
-    """Write lib.so, weights.safetensors and manifest.json into `out_dir`."""
+    """Write lib.so, weights.safetensors and manifest.json into `out_dir` (`ex` None: lib.so,
+    and kernels.cu for cuda, are there already, from the build cache)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    ex.export_library(str(out_dir / "lib.so"))
+    if ex is not None:
+        ex.export_library(str(out_dir / "lib.so"))
     weights: dict[str, torch.Tensor] = {}
     for g in graphs.values():
         for name, t in g.weights.items():
             weights.setdefault(name, t.detach().contiguous().clone())  # tied weights become copies
     save_file(weights, str(out_dir / "weights.safetensors"))
     (out_dir / "manifest.json").write_text(json.dumps(manifest(graphs, target, options, seconds), indent=1))
-    if target == "cuda":
+    if target == "cuda" and ex is not None:
         (out_dir / "kernels.cu").write_text(device_source(ex))
     return out_dir
 

@@ -1,8 +1,6 @@
-"""Lowerings of the chunked delta-rule ops (`chunk_prepare`, `chunk_state_scan`, `chunk_output`)
-to the TensorIR kernels of k3c.kernels.kda.tvm.chunk, and `chunked_delta_rule`, which runs a
-recurrent delta-rule op through the same three pieces (the backend option
-`prefill_chunk_size`: an int chunks every delta-rule op whose T is not 1; None, the default,
-keeps the recurrent kernel, the faster of the two on a CPU).
+"""Lowerings of the chunked delta-rule ops (`chunk_prepare`, `chunk_state_scan`, `chunk_output`,
+what the chunk-delta-rule pass makes of a prefill) to the TensorIR kernels of
+k3c.kernels.kda.tvm.chunk, in the `tvm` table of k3c.backends.tables.
 """
 
 from __future__ import annotations
@@ -10,10 +8,11 @@ from __future__ import annotations
 from tvm import relax
 
 from ...ir import Node
-from ...ir.ops.chunked import num_chunks
 from ...kernels.kda.tvm import chunk
+from ..tables import builtin
 from .context import LowerContext
 from .dims import static_int
+from .kernel_ops import kernel_supports
 
 R = relax.op
 
@@ -93,24 +92,6 @@ def _chunk_output(ctx: LowerContext, node: Node, qd, aqk, vn, starts):
     return output(ctx, qd, aqk, vn, starts, H=H, K=K, V=V, C=C, scale=a["scale"], B=B, T=T)
 
 
-def chunked_delta_rule(gate: str, C: int):
-    """A recurrent delta-rule op (kda / gated_delta_rule / delta_rule) run as the three pieces."""
-
-    def rule(ctx: LowerContext, node: Node, q, k, v, *rest):
-        H, K, V, B, T = _qkv(ctx, node)
-        if gate == "none":
-            (beta, state), g = rest, None
-        else:
-            g, beta, state = rest
-        NC = ctx.dims.expr(num_chunks(ctx.type_of(node.inputs[0]).shape[1], C))
-        qd, kd, w, u, aqk, dl = prepare(ctx, q, k, v, beta, g, gate=gate, C=C, H=H, K=K, V=V, B=B, T=T, NC=NC)
-        KD = K if gate == "channel" else 1
-        vn, starts, s1 = state_scan(ctx, w, u, kd, dl, state, H=H, K=K, V=V, C=C, KD=KD, B=B, NC=NC)
-        o = output(ctx, qd, aqk, vn, starts, H=H, K=K, V=V, C=C, scale=ctx.attrs(node)["scale"], B=B, T=T)
-        return [o, s1]
-
-    return rule
-
-
-CHUNK_LOWERINGS = {"chunk_prepare": _chunk_prepare, "chunk_state_scan": _chunk_state_scan,
-                   "chunk_output": _chunk_output}
+for _op, _fn in {"chunk_prepare": _chunk_prepare, "chunk_state_scan": _chunk_state_scan,
+                 "chunk_output": _chunk_output}.items():
+    builtin("tvm", _op, kind="TIR", supports=kernel_supports)(_fn)

@@ -53,6 +53,10 @@ class LowerContext:
     def attrs(self, node: Node) -> dict:
         return OPS[node.op].full_attrs(node.attrs)
 
+    def named(self, node: Node, inputs) -> dict:
+        """The node's inputs by the names of its op's spec (an absent optional one is missing)."""
+        return dict(zip(OPS[node.op].tensor_inputs, inputs))
+
     # ---- kernels -------------------------------------------------------------------
     def kernel(self, key: tuple, make: Callable[[], tirx.PrimFunc],
                schedules: dict[str, Callable] | None = None) -> relax.GlobalVar:

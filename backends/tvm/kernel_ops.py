@@ -2,14 +2,12 @@
 `k3c.kernels.<op>.tvm`, called with `call_tir`, glued by a few Relax operators (reshapes, the
 expert weight transposes, MLA's up-projections).
 
-Choices a reader should know:
-- recurrent delta-rule ops run the recurrent kernel (a block per (batch, head) walking T),
-  unless the option `prefill_chunk_size` asks for the chunked pieces when T is not 1; the
-  chunked IR ops (`chunk_prepare`, `chunk_state_scan`, `chunk_output`) are in chunk_ops.py.
-- `mla_attention` with a static single query step (decode) runs in the absorbed form: W_UK
-  folded into the query, one latent key/value head, W_UV after attention. Exact algebra; it
-  reads the latent cache instead of up-projecting all of it every step. Option
-  `mla_absorb`: "decode" (default), "always" or "never".
+Each registers in the `tvm` table of k3c.backends.tables (cell "TIR"), with the check that
+its kernel computes in float32. What a graph holds is the passes' decision, and each op
+lowers one way: a recurrent delta-rule op runs the recurrent kernel (a block per (batch,
+head) walking T; chunk-delta-rule has rewritten the prefill ones into the chunk pieces of
+chunk_ops.py), `mla_attention` up-projects the latent cache, and `mla_attention_absorbed`
+(what fold-latent-moe makes of a decode step) attends in the latent space.
 """
 
 from __future__ import annotations
@@ -30,7 +28,8 @@ from ...kernels.moe.tvm import panel as moe_panel
 from ...kernels.short_conv.tvm import SCHEDULES as CONV_SCHEDULES
 from ...kernels.short_conv.tvm import short_conv
 from ...kernels.situ.tvm import situ
-from .chunk_ops import chunked_delta_rule
+from ..signs import check_decays
+from ..tables import builtin
 from .context import LowerContext
 from .dims import static_int
 from .relax_ops import decode_step, packable, packed_gemm
@@ -52,23 +51,21 @@ def _rows(ctx: LowerContext, value: str, keep: int = 1):
 # ---------------------------------------------------------------- recurrent delta rule
 
 def _delta_rule(gate: str):
-    def rule(ctx: LowerContext, node, q, k, v, *rest):
-        C = ctx.options.get("prefill_chunk_size")
-        if C and ctx.type_of(node.inputs[0]).shape[1] != 1:
-            return chunked_delta_rule(gate, int(C))(ctx, node, q, k, v, *rest)
+    def rule(ctx: LowerContext, node, *inputs):
+        x = ctx.named(node, inputs)  # by the spec's input names: q k v [g] beta state
         scale = ctx.attrs(node)["scale"]
         H, K = _static(ctx, node.inputs[0], 2, 3)
         (V,) = _static(ctx, node.inputs[2], 3)
         B, T = ctx.shape(node.inputs[0])[:2]
         if gate == "none":
-            beta, state = rest
-            decay = R.reshape(beta, relax.ShapeExpr([B, T, H, 1]))  # unread placeholder
+            decay = R.reshape(x["beta"], relax.ShapeExpr([B, T, H, 1]))  # unread placeholder
         else:
-            g, beta, state = rest
+            g = x["g"]
             decay = R.exp(g if gate == "channel" else R.reshape(g, relax.ShapeExpr([B, T, H, 1])))
         gv = ctx.kernel(("delta_recurrent", gate, H, K, V, scale),
                         lambda: recurrent.delta_recurrent(H, K, V, gate, scale, ctx.target), recurrent.SCHEDULES)
-        return ctx.call_tir(gv, [q, k, v, ctx.bb.emit(decay), beta, state], ctx.out_types(node))
+        return ctx.call_tir(gv, [x["q"], x["k"], x["v"], ctx.bb.emit(decay), x["beta"], x["state"]],
+                            ctx.out_types(node))
 
     return rule
 
@@ -111,7 +108,7 @@ def _causal_attention(ctx: LowerContext, node, q, k, v):
     return attention(ctx, q, k, v, H, H, Dq, Dv, ctx.attrs(node)["scale"], ctx.shape(node.outputs[0]))
 
 
-def _mla_expanded(ctx: LowerContext, node, q, ckv, krope, w_kv_b):
+def _mla_attention(ctx: LowerContext, node, q, ckv, krope, w_kv_b):
     """Up-project the latent cache to per-head keys and values, then attend."""
     a = ctx.attrs(node)
     H, Dq = _static(ctx, node.inputs[0], 2, 3)
@@ -144,22 +141,6 @@ def mla_absorbed(ctx: LowerContext, node, q, ckv, krope, w_uk, w_uv, H: int, Dn:
     o_heads = R.permute_dims(R.reshape(o_lat, relax.ShapeExpr([rows, H, Dc])), [1, 0, 2])  # [H, BT, Dc]
     o = R.matmul(o_heads, R.permute_dims(w_uv, [0, 2, 1]))  # [H, BT, Dv]
     return R.reshape(R.permute_dims(o, [1, 0, 2]), relax.ShapeExpr([B, T, H, Dv]))
-
-
-def _mla_attention(ctx: LowerContext, node, q, ckv, krope, w_kv_b):
-    mode = ctx.options.get("mla_absorb", "decode")
-    T = ctx.type_of(node.inputs[0]).shape[1]
-    if mode == "never" or (mode == "decode" and T != 1):
-        return _mla_expanded(ctx, node, q, ckv, krope, w_kv_b)
-    a = ctx.attrs(node)
-    H, Dq = _static(ctx, node.inputs[0], 2, 3)
-    (Dr,) = _static(ctx, node.inputs[2], 2)
-    (Dc,) = _static(ctx, node.inputs[1], 2)
-    Dn, Dv = Dq - Dr, a["v_head_dim"]
-    w = R.reshape(w_kv_b, relax.ShapeExpr([H, Dn + Dv, Dc]))
-    w_uk = R.strided_slice(w, [1], [0], [Dn])
-    w_uv = R.strided_slice(w, [1], [Dn], [Dn + Dv])
-    return mla_absorbed(ctx, node, q, ckv, krope, w_uk, w_uv, H, Dn, Dv, Dc, Dr, a["scale"])
 
 
 def _mla_attention_absorbed(ctx: LowerContext, node, q, ckv, krope, w_uk, w_uv):
@@ -265,7 +246,7 @@ def _gated_mlp(ctx: LowerContext, node, x, w):
     return R.reshape(y, relax.ShapeExpr(ctx.shape(node.outputs[0])))
 
 
-KERNEL_LOWERINGS = {
+_RULES = {
     "kda": _delta_rule("channel"), "gated_delta_rule": _delta_rule("head"), "delta_rule": _delta_rule("none"),
     "linear_attention": _linear_attention, "short_conv": _short_conv,
     "causal_attention": _causal_attention, "mla_attention": _mla_attention,
@@ -273,3 +254,24 @@ KERNEL_LOWERINGS = {
     "moe_gate_up": _moe_gate_up, "moe_down": _moe_down, "moe_experts": _moe_experts,
     "situ": _situ, "gated_mlp": _gated_mlp,
 }
+
+
+
+def kernel_supports(node, graph) -> tuple[bool, str]:
+    """When a TensorIR kernel of this module takes a node: its values in float32, a log-decay
+    that is provably <= 0 (the chunk kernels clamp exponents at 0), and routed experts over a
+    dynamic token count."""
+    for v in node.inputs + node.outputs:
+        t = graph.types[v]
+        if t.dtype in ("f64", "f16", "bf16"):
+            return False, f"the TVM kernel of {node.op} computes in f32; %{v} is {t.dtype}"
+    if node.op == "moe_experts" and isinstance(graph.types[node.inputs[0]].shape[0], int):
+        # TVM 0.27's FuseTIR fails on this lowering at a static token count ("Inconsistent
+        # buffers T_reshape and x mapped to the same relax var"): say so instead
+        return False, ("the TVM routed-expert lowering needs a dynamic token count (a static one, as "
+                       "dynamic=False gives, trips TVM's FuseTIR); capture with dynamic=True")
+    return check_decays(graph, node, "TVM")
+
+
+for _op, _fn in _RULES.items():
+    builtin("tvm", _op, kind="TIR", supports=kernel_supports)(_fn)

@@ -20,12 +20,8 @@ import sympy
 from tvm import relax
 
 from ...ir import Graph, Node
-from .chunk_ops import CHUNK_LOWERINGS
+from .. import tables as L
 from .context import LowerContext
-from .kernel_ops import KERNEL_LOWERINGS
-from .relax_ops import RELAX_LOWERINGS
-
-LOWERINGS = {**RELAX_LOWERINGS, **KERNEL_LOWERINGS, **CHUNK_LOWERINGS}
 
 
 class LoweringError(Exception):
@@ -74,11 +70,14 @@ def lower_graph(bb: relax.BlockBuilder, graph: Graph, entry: str, weights: list[
     params = [relax.Var(var_name(n), ctx.relax_type(graph.types[n])) for n in graph.inputs]
     params += [relax.Var(var_name(w), ctx.relax_type(wtypes[w])) for w in weights]
     values: dict[str, relax.Expr] = dict(zip(list(graph.inputs) + weights, params))
+    table = L.load("tvm")
     with bb.function(entry, params, attrs={"num_input": len(graph.inputs)}):
         with bb.dataflow():
             for node in graph.nodes:
+                if node.op not in table:
+                    raise LoweringError(node, KeyError(f"no tvm lowering for op {node.op!r}"))
                 try:
-                    outs = LOWERINGS[node.op](ctx, node, *[values[i] for i in node.inputs])
+                    outs = table[node.op].fn(ctx, node, *[values[i] for i in node.inputs])
                 except Exception as e:
                     raise LoweringError(node, e) from e
                 outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]

@@ -1,4 +1,5 @@
-"""Lowerings of the standard IR ops to Relax operators (`relax.op.*`), one small rule per op.
+"""Lowerings of the standard IR ops to Relax operators (`relax.op.*`), one small rule per op,
+registered in the `tvm` table of k3c.backends.tables (cell "relax" of the support matrix).
 
 Relax legalizes these to TensorIR, fuses neighbours, and the schedule rules of schedules.py
 give the fused functions their loops. A `linear` by a float32 weight on llvm is the
@@ -8,11 +9,16 @@ build lifts out into the one-time parameter transform, as it does the transposes
 
 from __future__ import annotations
 
+import numpy as np
 import sympy
+import torch
 from tvm import relax
 
 from ...ir import dims as D
 from ...kernels.common.tvm.gemm import PANEL, packed_linear, packed_rows
+from ...kernels.mxfp4.naive import GROUP_SIZE, e2m1_table, e8m0_to_float
+from ..tables import builtin
+from . import stable
 from .context import DTYPES, LowerContext
 
 R = relax.op
@@ -35,9 +41,13 @@ def _scalar(ctx: LowerContext, value, like: str) -> relax.Constant:
     return relax.const(value, DTYPES[ctx.type_of(like).dtype])
 
 
-def _softplus(ctx, node, x):
+def _softplus(ctx, node, x):  # TVM's own softplus is log(1 + exp(x)): see stable.py
     a = ctx.attrs(node)
-    return R.nn.softplus(x, a["beta"], a["threshold"])
+    return stable.softplus(x, a["beta"], a["threshold"], DTYPES[ctx.type_of(node.inputs[0]).dtype])
+
+
+def _tanh(ctx, node, x):  # TVM's own tanh cancels for small |x|: see stable.py
+    return stable.tanh(x, DTYPES[ctx.type_of(node.inputs[0]).dtype])
 
 
 def _elu(ctx, node, x):
@@ -87,12 +97,8 @@ def _axis(ctx, node, dim: int) -> int:
 
 def _slice(ctx, node, x):
     a = ctx.attrs(node)
-    axis = _axis(ctx, node, a["dim"])
-    n = ctx.type_of(node.inputs[0]).shape[axis]
-    end = a["end"]
-    if isinstance(end, int) and (end >= 2**62 or (isinstance(n, int) and end > n)):
-        end = n
-    return R.strided_slice(x, [axis], [ctx.dims.expr(a["start"])], [ctx.dims.expr(end)], [a["step"]],
+    axis = _axis(ctx, node, a["dim"])  # bounds are canonical (0 <= start <= end <= n): the verifier says so
+    return R.strided_slice(x, [axis], [ctx.dims.expr(a["start"])], [ctx.dims.expr(a["end"])], [a["step"]],
                            assume_inbound=True)
 
 
@@ -209,9 +215,9 @@ def _gather(ctx, node, x, idx):
     return R.gather_elements(x, idx, axis=_axis(ctx, node, ctx.attrs(node)["dim"]))
 
 
-RELAX_LOWERINGS = {
+_RULES = {
     "neg": _unary(R.negative), "exp": _unary(R.exp), "log": _unary(R.log), "sqrt": _unary(R.sqrt),
-    "rsqrt": _unary(R.rsqrt), "abs": _unary(R.abs), "sigmoid": _unary(R.sigmoid), "tanh": _unary(R.tanh),
+    "rsqrt": _unary(R.rsqrt), "abs": _unary(R.abs), "sigmoid": _unary(R.sigmoid), "tanh": _tanh,
     "relu": _unary(R.nn.relu), "silu": _unary(R.nn.silu), "softplus": _softplus, "elu": _elu, "gelu": _gelu,
     "reciprocal": lambda ctx, node, x: R.divide(_scalar(ctx, 1.0, node.inputs[0]), x),
     "add": _binary(R.add), "sub": _binary(R.subtract), "mul": _binary(R.multiply), "div": _binary(R.divide),
@@ -225,3 +231,27 @@ RELAX_LOWERINGS = {
     "linear": _linear, "matmul": _binary(R.matmul), "embedding": _embedding,
     "rms_norm": _rms_norm, "layer_norm": _layer_norm, "topk": _topk, "gather": _gather,
 }
+
+
+for _op, _fn in _RULES.items():
+    builtin("tvm", _op, kind="relax")(_fn)
+
+
+def _mxfp4_decode(ctx, node, packed, scale):
+    """The codes of a byte by bitwise ops (low nibble first), values and scales by table lookup
+    (the 16 E2M1 values, the 256 E8M0 powers of two): exact, as kernels/mxfp4 defines them."""
+    shape = ctx.shape(node.inputs[0])
+    lead, half = shape[:-1], shape[-1]
+    lo = R.astype(R.bitwise_and(packed, relax.const(15, "uint8")), "int32")
+    hi = R.astype(R.right_shift(packed, relax.const(4, "uint8")), "int32")
+    codes = R.reshape(R.stack([lo, hi], axis=len(shape)), relax.ShapeExpr([*lead, half * 2]))
+    values = R.take(relax.const(e2m1_table().numpy(), "float32"), codes, axis=0, mode="clip")  # codes < 16
+    table = relax.const(e8m0_to_float(torch.arange(256, dtype=torch.uint8)).numpy().astype(np.float32), "float32")
+    scales = R.take(table, R.astype(scale, "int32"), axis=0, mode="clip")  # [..., K/32]; bytes < 256
+    groups = R.reshape(values, relax.ShapeExpr([*lead, half * 2 // GROUP_SIZE, GROUP_SIZE]))
+    w = R.reshape(R.multiply(groups, R.expand_dims(scales, [len(shape)])), relax.ShapeExpr([*lead, half * 2]))
+    dt = DTYPES[ctx.attrs(node)["dtype"]]
+    return w if dt == "float32" else R.astype(w, dt)
+
+
+builtin("tvm", "mxfp4_decode", kind="relax")(_mxfp4_decode)

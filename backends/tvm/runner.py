@@ -22,8 +22,10 @@ import tvm
 from safetensors.torch import load_file
 from tvm import relax
 
+from ...errors import ArtifactError, InputError
 from ...ir import dims as D
-from ...ir.interpret import InputError
+from ..artifact import verify
+from ..contract import check_nonpositive
 from .build import FORMAT
 
 DTYPES = {"f64": torch.float64, "f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16,
@@ -43,6 +45,7 @@ class Entry:
     outputs: list[dict]
     dims: dict
     id_bounds: dict
+    nonpositive: list
 
     @property
     def input_names(self) -> list[str]:
@@ -70,13 +73,14 @@ class TvmRunner:
         self.out_dir = Path(out_dir)
         for f in ("lib.so", "weights.safetensors", "manifest.json"):
             if not (self.out_dir / f).exists():
-                raise FileNotFoundError(f"{self.out_dir} is not a TVM artifact: {f} is missing")
+                raise ArtifactError(f"{self.out_dir} is not a TVM artifact: {f} is missing")
+        verify(self.out_dir, "tvm")  # a truncated lib.so would be mapped and crash the process (SIGBUS)
         self.manifest = json.loads((self.out_dir / "manifest.json").read_text())
         if self.manifest.get("format") != FORMAT:
             raise ValueError(f"{self.out_dir}/manifest.json: format {self.manifest.get('format')!r}, "
                              f"expected {FORMAT!r}")
         self.target = self.manifest["target"]
-        self.entries = {e: Entry(e, m["inputs"], m["outputs"], m["dims"], m["id_bounds"])
+        self.entries = {e: Entry(e, m["inputs"], m["outputs"], m["dims"], m["id_bounds"], m.get("nonpositive", []))
                         for e, m in self.manifest["entries"].items()}
         self._vm = None
         self._params = None
@@ -139,6 +143,8 @@ class TvmRunner:
             x = inputs[e.input_names.index(name)]
             if x.numel() and (int(x.min()) < 0 or int(x.max()) >= bound):
                 raise InputError(f"input {name!r}: ids must lie in [0, {bound}), got [{int(x.min())}, {int(x.max())}]")
+        for name in e.nonpositive:
+            check_nonpositive(name, inputs[e.input_names.index(name)], "TVM")
 
     def _to_tvm(self, x: torch.Tensor):
         """Zero-copy on the CPU when the data is 64-byte aligned (what TVM requires), else a copy."""

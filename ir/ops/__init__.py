@@ -1,6 +1,9 @@
 """The op table of the k3c IR: every op declared once (see spec.py), grouped by file."""
 
-from . import attention, chunked, elementwise, fused, moe, nn, recurrent, shape  # noqa: F401  (declare the ops)
-from .spec import FAMILIES, OPS, REQUIRED, OpSpec, ShapeError, defop, expect, family
+from . import attention, chunked, elementwise, fused, fused_norms, moe, nn, quant, recurrent, shape  # noqa: F401
+from .elementwise import broadcast_shapes
+from .spec import FAMILIES, OPS, REQUIRED, Attr, OpSpec, ShapeError, attr, defop, expect, family
+from .torch_ops import torch_op, torch_ops
 
-__all__ = ["OPS", "FAMILIES", "OpSpec", "ShapeError", "REQUIRED", "defop", "expect", "family"]
+__all__ = ["OPS", "FAMILIES", "OpSpec", "Attr", "attr", "ShapeError", "REQUIRED", "defop", "expect", "family",
+           "torch_op", "torch_ops", "broadcast_shapes"]

@@ -2,13 +2,36 @@
 
 from __future__ import annotations
 
+import math
+
 from ...kernels.attention.naive import causal_attention
 from ...kernels.attn_res.naive import attn_res_mix
 from ...kernels.mla.naive import mla_attention
 from .. import dims as D
 from ..types import TensorType
 from .recurrent import _fmt, _same_dims
-from .spec import REQUIRED, defop, expect
+from .spec import attr, defop, expect
+
+SCALE = attr("float", lo=0, lo_open=True)
+
+
+def causal_pairs(T: int, S: int) -> int:
+    """Query-key pairs of causal attention, bottom-right aligned (S >= T keys)."""
+    return T * (S - T + 1) + T * (T - 1) // 2
+
+
+def _attention_flops(ins, outs, a):
+    B, T, H, Dq = ins[0]
+    S, Dv = ins[1][1], ins[2][3]
+    return causal_pairs(T, S) * B * H * (2 * Dq + 2 * Dv + 4)
+
+
+def _mla_flops(ins, outs, a):
+    B, T, H, Dq = ins[0]
+    S, Dc, Dr = ins[1][1], ins[1][2], ins[2][2]
+    Dv = a["v_head_dim"]
+    up = 2 * B * S * Dc * H * (Dq - Dr + Dv)
+    return up + causal_pairs(T, S) * B * H * (2 * Dq + 2 * Dv + 4)
 
 
 def _attn_infer(q: TensorType, k: TensorType, v: TensorType, *, scale) -> list[TensorType]:
@@ -21,8 +44,9 @@ def _attn_infer(q: TensorType, k: TensorType, v: TensorType, *, scale) -> list[T
     return [v.with_shape((B, T, H, v.shape[3]))]
 
 
-defop("causal_attention", "q k v", "o", attrs={"scale": REQUIRED}, infer=_attn_infer,
-      ref=lambda q, k, v, scale: causal_attention(q, k, v, scale), families="attention",
+defop("causal_attention", "q k v", "o", attrs={"scale": SCALE}, infer=_attn_infer,
+      ref=lambda q, k, v, scale: causal_attention(q, k, v, scale), flops=_attention_flops, eager=True,
+      families="attention",
       doc="softmax(q k^T * scale, causal, bottom-right aligned) v; S >= T keys")
 
 
@@ -40,10 +64,11 @@ def _mla_infer(q, ckv, krope, w_kv_b, *, v_head_dim, scale) -> list[TensorType]:
     return [q.with_shape((B, T, H, v_head_dim))]
 
 
-defop("mla_attention", "q ckv krope w_kv_b", "o", attrs={"v_head_dim": REQUIRED, "scale": REQUIRED},
+defop("mla_attention", "q ckv krope w_kv_b", "o", attrs={"v_head_dim": attr("int", lo=1), "scale": SCALE},
       infer=_mla_infer, ref=lambda q, ckv, krope, w, v_head_dim, scale: mla_attention(q, ckv, krope, w, v_head_dim,
                                                                                        scale),
-      families="attention", doc="MLA over the latent cache: keys/values up-projected by w_kv_b (NoPE)")
+      flops=_mla_flops, eager=True, families="attention",
+      doc="MLA over the latent cache: keys/values up-projected by w_kv_b (NoPE)")
 
 
 def _res_infer(V: TensorType, w: TensorType, n: TensorType, *, eps) -> list[TensorType]:
@@ -54,6 +79,7 @@ def _res_infer(V: TensorType, w: TensorType, n: TensorType, *, eps) -> list[Tens
     return [V.with_shape(V.shape[1:])]
 
 
-defop("attn_res_mix", "V w n", "y", attrs={"eps": REQUIRED}, infer=_res_infer,
-      ref=lambda V, w, n, eps: attn_res_mix(V, w, n, eps), families="attention",
+defop("attn_res_mix", "V w n", "y", attrs={"eps": attr("float", lo=0)}, infer=_res_infer,
+      ref=lambda V, w, n, eps: attn_res_mix(V, w, n, eps), eager=True, families="attention",
+      flops=lambda ins, outs, a: 6 * math.prod(ins[0]),
       doc="softmax over N of rmsnorm(V).(n*w), then the weighted sum of raw V")

@@ -19,7 +19,7 @@ from ...kernels import delta_chunk as dc
 from .. import dims as D
 from ..types import TensorType
 from .recurrent import _fmt, _same_dims, check_qkv, check_state
-from .spec import REQUIRED, defop, expect
+from .spec import attr, defop, expect
 
 GATES = ("channel", "head", "none", "linear")
 
@@ -29,7 +29,6 @@ def num_chunks(T: D.Dim, C: int) -> D.Dim:
 
 
 def _prepare_infer(q, k, v, beta=None, g=None, *, chunk_size, gate) -> list[TensorType]:
-    expect(gate in GATES, "attr", f"chunk_prepare gate must be one of {GATES}, got {gate!r}")
     B, T, H, K, V = check_qkv(q, k, v)
     if gate != "linear":
         expect(beta is not None and _same_dims(beta.shape, (B, T, H)), "beta-shape",
@@ -58,9 +57,19 @@ def _prepare_ref(q, k, v, beta=None, g=None, *, chunk_size, gate):
     return p.q_decayed, p.k_decayed, w, p.u, p.aqk, decay.reshape(B, H, NC, -1)
 
 
+def _prepare_flops(ins, outs, a):
+    B, H, NC, C, K = outs[0]
+    V = outs[3][4]
+    if a["gate"] == "linear":
+        return B * H * NC * 2 * C * C * K
+    scores = 4 * C * C * K + (8 * C * K if a["gate"] != "none" else 0)
+    wy = C * C * C // 3 + 2 * C * C * K + 2 * C * C * V
+    return B * H * NC * (scores + wy)
+
+
 defop("chunk_prepare", "q k v beta? g?", "q_decayed k_decayed w u aqk decay_last",
-      attrs={"chunk_size": REQUIRED, "gate": REQUIRED}, infer=_prepare_infer, ref=_prepare_ref,
-      families="chunked",
+      attrs={"chunk_size": attr("int", lo=1), "gate": attr("str", choices=GATES)}, infer=_prepare_infer,
+      ref=_prepare_ref, flops=_prepare_flops, families="chunked",
       doc="pad T to NC*C; G = cumsum(g); A = (I + L)^-1 diag(beta) by forward substitution; "
           "w = A (exp(G) k), u = A v, aqk masked j <= i. gate: channel (kda) | head (gated delta rule) | "
           "none (delta rule) | linear (linear attention: A = I, w = 0, no beta)")
@@ -82,8 +91,14 @@ def _scan_ref(w, u, k_decayed, decay_last, state):
     return dc.chunk_state_scan(w, u, k_decayed, decay_last, state)
 
 
+def _scan_flops(ins, outs, a):
+    B, H, NC, C, V = ins[1]
+    K = ins[2][4]
+    return B * H * NC * (4 * C * K * V + K * V + C * V)
+
+
 defop("chunk_state_scan", "w u k_decayed decay_last state", "v_new start_states state_out",
-      infer=_scan_infer, ref=_scan_ref, families="chunked",
+      infer=_scan_infer, ref=_scan_ref, flops=_scan_flops, families="chunked",
       doc="for each chunk n: v_new = u - w S; starts[n] = S; S = decay_last * S + k_decayed^T v_new")
 
 
@@ -95,6 +110,13 @@ def _output_infer(q_decayed, aqk, v_new, starts, *, scale, T) -> list[TensorType
     return [TensorType("f32", (B, T, H, V))]
 
 
-defop("chunk_output", "q_decayed aqk v_new start_states", "o", attrs={"scale": REQUIRED, "T": REQUIRED},
+def _output_flops(ins, outs, a):
+    B, H, NC, C, V = ins[2]
+    K = ins[0][4]
+    return B * H * NC * (2 * C * K * V + 2 * C * C * V + C * V)
+
+
+defop("chunk_output", "q_decayed aqk v_new start_states", "o",
+      attrs={"scale": attr("float", lo=0, lo_open=True), "T": attr("dim")},
       infer=_output_infer, ref=lambda qd, aqk, vn, st, scale, T: dc.chunk_output(qd, aqk, vn, st, scale, T),
-      families="chunked", doc="o = scale * ((q exp G) S_start + aqk v_new), unpadded to T")
+      flops=_output_flops, families="chunked", doc="o = scale * ((q exp G) S_start + aqk v_new), unpadded to T")

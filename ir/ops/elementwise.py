@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
 from .. import dims as D
 from ..types import DTYPES, TensorType
-from .spec import REQUIRED, defop, expect
+from .spec import attr, defop, expect
 
 
 def broadcast_shapes(a: tuple, b: tuple) -> tuple:
@@ -28,9 +30,13 @@ def _same(x: TensorType, **_) -> list[TensorType]:
     return [x]
 
 
-def _unary(name: str, fn, attrs: dict | None = None, families: str = "") -> None:
+def _per_element(n: int):
+    return lambda ins, outs, a: n * sum(math.prod(s) for s in outs)
+
+
+def _unary(name: str, fn, attrs: dict | None = None, families: str = "", flops: int = 1) -> None:
     defop(name, "x", attrs=attrs, infer=_same, ref=fn, families="elementwise unary " + families,
-          doc=f"y = {name}(x), elementwise")
+          flops=_per_element(flops), doc=f"y = {name}(x), elementwise")
 
 
 _unary("neg", lambda x: -x)
@@ -43,11 +49,12 @@ _unary("reciprocal", torch.reciprocal)
 _unary("sigmoid", torch.sigmoid)
 _unary("tanh", torch.tanh)
 _unary("relu", torch.relu)
-_unary("silu", F.silu)
+_unary("silu", F.silu, flops=2)
 _unary("softplus", lambda x, beta, threshold: F.softplus(x, beta, threshold),
-       {"beta": 1.0, "threshold": 20.0})
-_unary("elu", lambda x, alpha: F.elu(x, alpha), {"alpha": 1.0})
-_unary("gelu", lambda x, approximate: F.gelu(x, approximate=approximate), {"approximate": "none"})
+       {"beta": attr("float", 1.0, lo=0, lo_open=True), "threshold": attr("float", 20.0)}, flops=2)
+_unary("elu", lambda x, alpha: F.elu(x, alpha), {"alpha": attr("float", 1.0)}, flops=2)
+_unary("gelu", lambda x, approximate: F.gelu(x, approximate=approximate),
+       {"approximate": attr("str", "none", choices=("none", "tanh"))}, flops=4)
 
 
 def _binary_infer(a: TensorType, b: TensorType) -> list[TensorType]:
@@ -56,7 +63,7 @@ def _binary_infer(a: TensorType, b: TensorType) -> list[TensorType]:
 
 
 def _binary(name: str, fn, commutative: bool) -> None:
-    defop(name, "a b", infer=_binary_infer, ref=fn,
+    defop(name, "a b", infer=_binary_infer, ref=fn, flops=_per_element(1),
           families="elementwise binary" + (" commutative" if commutative else ""),
           doc=f"y = {name}(a, b) with broadcasting; operands of one dtype")
 
@@ -74,9 +81,9 @@ def _compare_infer(a: TensorType, b: TensorType) -> list[TensorType]:
     return [TensorType("bool", _binary_infer(a, b)[0].shape)]
 
 
-defop("less", "a b", infer=_compare_infer, ref=torch.lt, families="elementwise binary",
+defop("less", "a b", infer=_compare_infer, ref=torch.lt, flops=_per_element(1), families="elementwise binary",
       doc="y = a < b (bool)")
-defop("greater", "a b", infer=_compare_infer, ref=torch.gt, families="elementwise binary",
+defop("greater", "a b", infer=_compare_infer, ref=torch.gt, flops=_per_element(1), families="elementwise binary",
       doc="y = a > b (bool)")
 
 
@@ -86,7 +93,7 @@ def _where_infer(c: TensorType, a: TensorType, b: TensorType) -> list[TensorType
     return [t.with_shape(broadcast_shapes(c.shape, t.shape))]
 
 
-defop("where", "cond a b", infer=_where_infer, ref=torch.where, families="elementwise",
+defop("where", "cond a b", infer=_where_infer, ref=torch.where, flops=_per_element(1), families="elementwise",
       doc="y = cond ? a : b, broadcasting")
 
 
@@ -98,17 +105,18 @@ def _const_ref(*, value, dtype):
     return torch.tensor(value, dtype=DTYPES[dtype])
 
 
-defop("const", "", attrs={"value": REQUIRED, "dtype": REQUIRED}, infer=_const_infer,
-      ref=_const_ref, families="constant", doc="a 0-d tensor holding `value`")
+NONE = lambda ins, outs, a: 0  # noqa: E731  (no arithmetic)
+
+defop("const", "", attrs={"value": attr("number"), "dtype": attr("dtype")}, infer=_const_infer,
+      ref=_const_ref, flops=NONE, families="constant", doc="a 0-d tensor holding `value`")
 
 
 def _cast_infer(x: TensorType, *, dtype) -> list[TensorType]:
-    expect(dtype in DTYPES, "attr", f"unknown dtype {dtype!r}")
     return [x.with_dtype(dtype)]
 
 
-defop("cast", "x", attrs={"dtype": REQUIRED}, infer=_cast_infer,
-      ref=lambda x, dtype: x.to(DTYPES[dtype]), families="elementwise unary",
+defop("cast", "x", attrs={"dtype": attr("dtype")}, infer=_cast_infer,
+      ref=lambda x, dtype: x.to(DTYPES[dtype]), flops=NONE, families="elementwise unary",
       doc="y = x converted to `dtype`")
 
 
@@ -116,8 +124,9 @@ def _full_infer(*, shape, value, dtype) -> list[TensorType]:
     return [TensorType(dtype, tuple(shape))]
 
 
-defop("full", "", attrs={"shape": REQUIRED, "value": REQUIRED, "dtype": REQUIRED},
-      infer=_full_infer, ref=lambda shape, value, dtype: torch.full(tuple(shape), value, dtype=DTYPES[dtype]),
+defop("full", "", attrs={"shape": attr("shape"), "value": attr("number"), "dtype": attr("dtype")},
+      infer=_full_infer, flops=NONE,
+      ref=lambda shape, value, dtype: torch.full(tuple(shape), value, dtype=DTYPES[dtype]),
       families="constant", doc="a tensor of `shape` filled with `value`")
 
 
@@ -125,6 +134,7 @@ def _arange_infer(*, start, end, dtype) -> list[TensorType]:
     return [TensorType(dtype, (D.normalize(end - start),))]
 
 
-defop("arange", "", attrs={"start": 0, "end": REQUIRED, "dtype": "i64"}, infer=_arange_infer,
+defop("arange", "", attrs={"start": attr("dim", 0), "end": attr("dim"), "dtype": attr("dtype", "i64")},
+      infer=_arange_infer, flops=NONE,
       ref=lambda start, end, dtype: torch.arange(start, end, dtype=DTYPES[dtype]),
       families="constant", doc="[start, start + 1, ..., end - 1]; start and end may be symbolic")

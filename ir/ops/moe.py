@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from ...kernels.moe.naive import moe_down, moe_gate_up
 from .. import dims as D
 from ..types import TensorType
@@ -17,7 +19,8 @@ def _gate_up_infer(h: TensorType, w13: TensorType, idx: TensorType) -> list[Tens
     return [h.with_shape((h.shape[0], idx.shape[1], w13.shape[1]))]
 
 
-defop("moe_gate_up", "h w13 idx", "gu", infer=_gate_up_infer, ref=moe_gate_up, families="moe",
+defop("moe_gate_up", "h w13 idx", "gu", infer=_gate_up_infer, ref=moe_gate_up, eager=True, families="moe",
+      flops=lambda ins, outs, a: 2 * math.prod(outs[0]) * ins[0][1],
       doc="gu[n, j] = w13[idx[n, j]] @ h[n]")
 
 
@@ -29,5 +32,6 @@ def _down_infer(a: TensorType, w2: TensorType, idx: TensorType, w: TensorType) -
     return [a.with_shape((a.shape[0], w2.shape[1]))]
 
 
-defop("moe_down", "a w2 idx w", "y", infer=_down_infer, ref=moe_down, families="moe",
+defop("moe_down", "a w2 idx w", "y", infer=_down_infer, ref=moe_down, eager=True, families="moe",
+      flops=lambda ins, outs, a: 2 * math.prod(ins[0]) * ins[1][1] + math.prod(outs[0]) * ins[2][1],
       doc="y[n] = sum_j w[n, j] * w2[idx[n, j]] @ a[n, j] (fp32 accumulate)")

@@ -2,32 +2,43 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
 from .. import dims as D
 from ..types import TensorType
-from .spec import REQUIRED, defop, expect
+from .spec import attr, defop, expect
+
+EPS = attr("float", lo=0)
+
+
+def _per_element(n: int):
+    return lambda ins, outs, a: n * math.prod(ins[0])
 
 
 def _reduce_infer(x: TensorType, *, dims, keepdim) -> list[TensorType]:
+    for d in dims:
+        expect(-x.rank <= d < max(x.rank, 1), "axis", f"axis {d} out of range for rank {x.rank}")
     axes = {d % x.rank for d in dims}
     shape = [1 if i in axes else s for i, s in enumerate(x.shape) if keepdim or i not in axes]
     return [x.with_shape(shape)]
 
 
 for _name, _fn in {"reduce_sum": torch.sum, "reduce_mean": torch.mean, "reduce_max": torch.amax}.items():
-    defop(_name, "x", attrs={"dims": REQUIRED, "keepdim": False}, infer=_reduce_infer,
+    defop(_name, "x", attrs={"dims": attr("ints"), "keepdim": attr("bool", False)}, infer=_reduce_infer,
           ref=lambda x, dims, keepdim, _fn=_fn: _fn(x, dim=tuple(dims), keepdim=keepdim),
-          families="reduce", doc=f"{_name} over `dims`")
+          flops=_per_element(1), families="reduce", doc=f"{_name} over `dims`")
 
 
 def _softmax_infer(x: TensorType, *, dim) -> list[TensorType]:
+    expect(-x.rank <= dim < max(x.rank, 1), "axis", f"axis {dim} out of range for rank {x.rank}")
     return [x]
 
 
-defop("softmax", "x", attrs={"dim": REQUIRED}, infer=_softmax_infer,
-      ref=lambda x, dim: torch.softmax(x, dim), families="reduce", doc="softmax along `dim`")
+defop("softmax", "x", attrs={"dim": attr("int")}, infer=_softmax_infer,
+      ref=lambda x, dim: torch.softmax(x, dim), flops=_per_element(4), families="reduce", doc="softmax along `dim`")
 
 
 def _linear_infer(x: TensorType, w: TensorType, b: TensorType | None = None) -> list[TensorType]:
@@ -40,7 +51,11 @@ def _linear_infer(x: TensorType, w: TensorType, b: TensorType | None = None) -> 
     return [x.with_shape(x.shape[:-1] + (w.shape[0],))]
 
 
-defop("linear", "x w b?", infer=_linear_infer, ref=F.linear, families="matmul",
+def _linear_flops(ins, outs, a):
+    return 2 * math.prod(outs[0]) * ins[0][-1] + (math.prod(outs[0]) if len(ins) > 2 else 0)
+
+
+defop("linear", "x w b?", infer=_linear_infer, ref=F.linear, flops=_linear_flops, families="matmul",
       doc="y = x w^T (+ b); w [out, in]")
 
 
@@ -55,6 +70,7 @@ def _matmul_infer(a: TensorType, b: TensorType) -> list[TensorType]:
 
 
 defop("matmul", "a b", infer=_matmul_infer, ref=torch.matmul, families="matmul",
+      flops=lambda ins, outs, a: 2 * math.prod(outs[0]) * ins[0][-1],
       doc="y = a @ b, batch dims broadcast")
 
 
@@ -65,6 +81,7 @@ def _embedding_infer(w: TensorType, ids: TensorType) -> list[TensorType]:
 
 
 defop("embedding", "weight ids", infer=_embedding_infer, ref=lambda w, ids: F.embedding(ids, w), families="gather",
+      flops=lambda ins, outs, a: 0,
       doc="y = weight[ids]")
 
 
@@ -75,15 +92,18 @@ def _norm_infer(x: TensorType, w: TensorType | None = None, b: TensorType | None
     return [x]
 
 
-defop("rms_norm", "x w?", attrs={"eps": REQUIRED}, infer=_norm_infer,
+defop("rms_norm", "x w?", attrs={"eps": EPS}, infer=_norm_infer,
       ref=lambda x, w=None, eps=1e-5: F.rms_norm(x, (x.shape[-1],), w, eps), families="norm",
+      flops=lambda ins, outs, a: (4 + (len(ins) > 1)) * math.prod(ins[0]),
       doc="y = x / sqrt(mean(x^2, -1) + eps) * w")
-defop("layer_norm", "x w? b?", attrs={"eps": REQUIRED}, infer=_norm_infer,
+defop("layer_norm", "x w? b?", attrs={"eps": EPS}, infer=_norm_infer,
       ref=lambda x, w=None, b=None, eps=1e-5: F.layer_norm(x, (x.shape[-1],), w, b, eps), families="norm",
+      flops=lambda ins, outs, a: (7 + len(ins) - 1) * math.prod(ins[0]),
       doc="y = (x - mean) / sqrt(var + eps) * w + b over the last dim")
 
 
 def _topk_infer(x: TensorType, *, k, dim) -> list[TensorType]:
+    expect(-x.rank <= dim < max(x.rank, 1), "axis", f"axis {dim} out of range for rank {x.rank}")
     d = dim % x.rank
     expect(not isinstance(x.shape[d], int) or k <= x.shape[d], "topk", f"k={k} exceeds dim {x.shape[d]}")
     shape = list(x.shape)
@@ -91,17 +111,18 @@ def _topk_infer(x: TensorType, *, k, dim) -> list[TensorType]:
     return [x.with_shape(shape), TensorType("i64", tuple(shape))]
 
 
-defop("topk", "x", "values indices", attrs={"k": REQUIRED, "dim": -1}, infer=_topk_infer,
-      ref=lambda x, k, dim: tuple(torch.topk(x, k, dim)), families="index",
+defop("topk", "x", "values indices", attrs={"k": attr("int", lo=1), "dim": attr("int", -1)}, infer=_topk_infer,
+      ref=lambda x, k, dim: tuple(torch.topk(x, k, dim)), flops=_per_element(1), families="index",
       doc="the k largest along `dim` (sorted) and their indices")
 
 
 def _gather_infer(x: TensorType, idx: TensorType, *, dim) -> list[TensorType]:
+    expect(-x.rank <= dim < max(x.rank, 1), "axis", f"axis {dim} out of range for rank {x.rank}")
     expect(idx.dtype in ("i64", "i32"), "dtype", f"gather indices must be integers, got {idx.dtype}")
     expect(idx.rank == x.rank, "gather", f"gather index rank {idx.rank} differs from input rank {x.rank}")
     return [x.with_shape(idx.shape)]
 
 
-defop("gather", "x idx", attrs={"dim": REQUIRED}, infer=_gather_infer,
-      ref=lambda x, idx, dim: torch.gather(x, dim, idx), families="index",
+defop("gather", "x idx", attrs={"dim": attr("int")}, infer=_gather_infer,
+      ref=lambda x, idx, dim: torch.gather(x, dim, idx), flops=lambda ins, outs, a: 0, families="index",
       doc="y[i][j] = x[i][idx[i][j]] along `dim`")

@@ -7,6 +7,9 @@ chunk-delta-rule pass rewrites these into.
 
 from __future__ import annotations
 
+import math
+
+from ...kernels.delta_chunk import eager_chunk_size
 from ...kernels.delta_rule.naive import naive_recurrent_delta_rule
 from ...kernels.gated_delta_rule.naive import naive_recurrent_gated_delta_rule
 from ...kernels.kda.naive import naive_recurrent_kda
@@ -14,7 +17,7 @@ from ...kernels.linear_attention.naive import naive_recurrent_linear_attention
 from ...kernels.short_conv.naive import naive_short_conv
 from .. import dims as D
 from ..types import TensorType
-from .spec import REQUIRED, defop, expect
+from .spec import attr, defop, expect
 
 
 def _same_dims(a, b) -> bool:
@@ -49,18 +52,41 @@ def _gated_infer(q, k, v, g, beta, state, *, scale, per_channel: bool) -> list[T
     return [v.with_shape((B, T, H, V)), state]
 
 
-defop("kda", "q k v g beta state", "o state_out", attrs={"scale": REQUIRED},
+SCALE = {"scale": attr("float", lo=0, lo_open=True)}
+
+
+def _flops(per_kv: int):
+    """per_kv FLOPs per (token, head, key channel, value channel): the state update and read."""
+    def flops(ins, outs, a):
+        B, T, H, K = ins[0]
+        return per_kv * B * T * H * K * ins[2][3]
+    return flops
+
+
+def _eager(kernel: str):
+    """The eager implementation: chunked in prefill, the recurrence for one step."""
+    def run(q, k, v, *rest, scale):
+        from ... import kernels
+
+        *gates, state = rest
+        return getattr(kernels, kernel)(q, k, v, *gates, scale=scale, initial_state=state,
+                                        chunk_size=eager_chunk_size(q.shape[1]))
+    return run
+
+
+defop("kda", "q k v g beta state", "o state_out", attrs=SCALE,
       infer=lambda q, k, v, g, beta, state, scale: _gated_infer(q, k, v, g, beta, state, scale=scale,
                                                                 per_channel=True),
       ref=lambda q, k, v, g, beta, state, scale: naive_recurrent_kda(q, k, v, g, beta, scale, state),
-      families="recurrent delta_family",
+      flops=_flops(7), eager=_eager("kda"), families="recurrent delta_family",
       doc="KDA: S = diag(exp g_t) S; S += beta_t k_t (v_t - k_t^T S)^T; o_t = scale q_t^T S")
-defop("gated_delta_rule", "q k v g beta state", "o state_out", attrs={"scale": REQUIRED},
+defop("gated_delta_rule", "q k v g beta state", "o state_out", attrs=SCALE,
       infer=lambda q, k, v, g, beta, state, scale: _gated_infer(q, k, v, g, beta, state, scale=scale,
                                                                 per_channel=False),
       ref=lambda q, k, v, g, beta, state, scale: naive_recurrent_gated_delta_rule(q, k, v, g, beta, scale,
                                                                                    state),
-      families="recurrent delta_family", doc="KDA with one decay per head: g [B, T, H]")
+      flops=_flops(7), eager=_eager("gated_delta_rule"), families="recurrent delta_family",
+      doc="KDA with one decay per head: g [B, T, H]")
 
 
 def _delta_infer(q, k, v, beta, state, *, scale) -> list[TensorType]:
@@ -70,9 +96,10 @@ def _delta_infer(q, k, v, beta, state, *, scale) -> list[TensorType]:
     return [v.with_shape((B, T, H, V)), state]
 
 
-defop("delta_rule", "q k v beta state", "o state_out", attrs={"scale": REQUIRED}, infer=_delta_infer,
+defop("delta_rule", "q k v beta state", "o state_out", attrs=SCALE, infer=_delta_infer,
       ref=lambda q, k, v, beta, state, scale: naive_recurrent_delta_rule(q, k, v, beta, scale, state),
-      families="recurrent delta_family", doc="DeltaNet: KDA without decay")
+      flops=_flops(6), eager=_eager("delta_rule"), families="recurrent delta_family",
+      doc="DeltaNet: KDA without decay")
 
 
 def _linear_infer(q, k, v, state, z, *, scale) -> list[TensorType]:
@@ -87,8 +114,16 @@ def _linear_ref(q, k, v, state, z, scale):
     return o, S, zz
 
 
-defop("linear_attention", "q k v state z", "o state_out z_out", attrs={"scale": REQUIRED},
-      infer=_linear_infer, ref=_linear_ref, families="recurrent delta_family",
+def _linear_eager(q, k, v, state, z, scale):
+    from ...kernels import linear_attention
+
+    o, (S, zz) = linear_attention(q, k, v, scale=scale, initial_state=(state, z),
+                                  chunk_size=eager_chunk_size(q.shape[1]))
+    return o, S, zz
+
+
+defop("linear_attention", "q k v state z", "o state_out z_out", attrs=SCALE,
+      infer=_linear_infer, ref=_linear_ref, flops=_flops(4), eager=_linear_eager, families="recurrent delta_family",
       doc="S += k_t v_t^T; z += k_t; o_t = q_t^T S / q_t^T z")
 
 
@@ -96,14 +131,18 @@ def _conv_infer(x, w, state, *, activation) -> list[TensorType]:
     expect(x.rank == 3, "conv-shape", f"short_conv input must be [B, T, C], got {x}")
     expect(w.rank == 2 and D.equal(w.shape[0], x.shape[2]), "conv-shape",
            f"short_conv weight must be [C, W] with C = {D.to_str(x.shape[2])}, got {w}")
-    expect(activation in ("silu", "none"), "attr",
-           f"short_conv activation must be 'silu' or 'none', got {activation!r}")
     expected = (x.shape[0], x.shape[2], D.normalize(w.shape[1] - 1))
     expect(_same_dims(state.shape, expected), "state-shape",
            f"conv state must be {x.dtype}{_fmt(expected)}, got {state}")
     return [x, state]
 
 
-defop("short_conv", "x w state", "y state_out", attrs={"activation": "none"}, infer=_conv_infer,
-      ref=lambda x, w, state, activation: naive_short_conv(x, w, state, None if activation == "none" else activation),
-      families="recurrent", doc="causal depthwise conv over [state ++ x]; state = last W-1 inputs")
+def _conv_ref(x, w, state, activation):
+    y, s = naive_short_conv(x, w, state, None if activation == "none" else activation)
+    return y, s.to(state.dtype)
+
+
+defop("short_conv", "x w state", "y state_out", attrs={"activation": attr("str", "none", choices=("none", "silu"))},
+      infer=_conv_infer, ref=_conv_ref, eager=True, families="recurrent",
+      flops=lambda ins, outs, a: (2 * ins[1][1] + 2) * math.prod(ins[0]),
+      doc="causal depthwise conv over [state ++ x]; state = last W-1 inputs")

@@ -7,7 +7,12 @@ import torch
 
 from .. import dims as D
 from ..types import TensorType
-from .spec import REQUIRED, defop, expect
+from .spec import attr, defop, expect
+
+
+def NONE(ins, outs, a) -> int:
+    """Shape ops do no arithmetic."""
+    return 0
 
 
 def _numel(shape) -> D.Dim:
@@ -20,7 +25,7 @@ def _reshape_infer(x: TensorType, *, shape) -> list[TensorType]:
     return [x.with_shape(shape)]
 
 
-defop("reshape", "x", attrs={"shape": REQUIRED}, infer=_reshape_infer,
+defop("reshape", "x", attrs={"shape": attr("shape")}, infer=_reshape_infer, flops=NONE,
       ref=lambda x, shape: x.reshape(tuple(shape)), families="shape view",
       doc="y = x viewed as `shape` (same element count)")
 
@@ -35,7 +40,7 @@ def _permute_infer(x: TensorType, *, perm) -> list[TensorType]:
     return [x.with_shape(tuple(x.shape[p] for p in perm))]
 
 
-defop("permute", "x", attrs={"perm": REQUIRED}, infer=_permute_infer,
+defop("permute", "x", attrs={"perm": attr("ints")}, infer=_permute_infer, flops=NONE,
       ref=lambda x, perm: x.permute(*perm).contiguous(), families="shape",
       doc="y = x with its axes reordered by `perm`")
 
@@ -57,16 +62,20 @@ def _slice_ref(x: torch.Tensor, dim: int, start: int, end: int, step: int) -> to
 def _slice_infer(x: TensorType, *, dim, start, end, step) -> list[TensorType]:
     d = _axis(dim, x.rank)
     n = x.shape[d]
-    if isinstance(end, int) and end >= 2**62:
-        end = n
+    if isinstance(end, int):  # canonical bounds: 0 <= start <= end <= n (the frontend clamps them)
+        expect(end >= 0 and (not isinstance(n, int) or end <= n) and end < 2**62, "slice",
+               f"slice end {end} is outside dim {dim} of {x} (0 <= end <= {D.to_str(n)})")
+    if isinstance(start, int):
+        expect(start >= 0, "slice", f"slice start {start} must be >= 0 (the frontend makes it so)")
     shape = list(x.shape)
     shape[d] = _slice_len(n, start, end, step)
     return [x.with_shape(shape)]
 
 
-defop("slice", "x", attrs={"dim": REQUIRED, "start": 0, "end": REQUIRED, "step": 1},
-      infer=_slice_infer, ref=lambda x, dim, start, end, step: _slice_ref(x, dim, start, end, step),
-      families="shape", doc="y = x[start:end:step] along `dim`")
+defop("slice", "x",
+      attrs={"dim": attr("int"), "start": attr("dim", 0), "end": attr("dim"), "step": attr("int", 1, lo=1)},
+      infer=_slice_infer, ref=lambda x, dim, start, end, step: _slice_ref(x, dim, start, end, step), flops=NONE,
+      families="shape view", doc="y = x[start:end:step] along `dim`")
 
 
 def _concat_infer(*xs: TensorType, dim) -> list[TensorType]:
@@ -83,7 +92,7 @@ def _concat_infer(*xs: TensorType, dim) -> list[TensorType]:
     return [xs[0].with_shape(shape)]
 
 
-defop("concat", "xs*", attrs={"dim": REQUIRED}, infer=_concat_infer,
+defop("concat", "xs*", attrs={"dim": attr("int")}, infer=_concat_infer, flops=NONE,
       ref=lambda *xs, dim: torch.cat(xs, dim), families="shape", doc="y = cat(xs, dim)")
 
 
@@ -95,7 +104,7 @@ def _stack_infer(*xs: TensorType, dim) -> list[TensorType]:
     return [xs[0].with_shape(shape)]
 
 
-defop("stack", "xs*", attrs={"dim": 0}, infer=_stack_infer,
+defop("stack", "xs*", attrs={"dim": attr("int", 0)}, infer=_stack_infer, flops=NONE,
       ref=lambda *xs, dim: torch.stack(xs, dim), families="shape", doc="y = stack(xs, dim)")
 
 
@@ -111,9 +120,9 @@ def _split_infer(x: TensorType, *, dim, sizes) -> list[TensorType]:
     return outs
 
 
-defop("split", "x", "ys*", attrs={"dim": REQUIRED, "sizes": REQUIRED}, infer=_split_infer,
+defop("split", "x", "ys*", attrs={"dim": attr("int"), "sizes": attr("shape")}, infer=_split_infer, flops=NONE,
       ref=lambda x, dim, sizes: tuple(t.contiguous() for t in torch.split(x, list(sizes), dim)),
-      num_outputs=lambda attrs: len(attrs["sizes"]), families="shape",
+      num_outputs=lambda attrs: len(attrs["sizes"]), families="shape view",
       doc="ys = split(x, sizes, dim)")
 
 
@@ -125,6 +134,6 @@ def _expand_infer(x: TensorType, *, shape) -> list[TensorType]:
     return [x.with_shape(shape)]
 
 
-defop("expand", "x", attrs={"shape": REQUIRED}, infer=_expand_infer,
-      ref=lambda x, shape: x.expand(tuple(shape)).contiguous(), families="shape",
+defop("expand", "x", attrs={"shape": attr("shape")}, infer=_expand_infer, flops=NONE,
+      ref=lambda x, shape: x.expand(tuple(shape)).contiguous(), families="shape view",
       doc="y = x broadcast to `shape`")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from ..validate import check_delta_rule, nothing_to_compute
 from .naive import naive_recurrent_delta_rule
 
 
@@ -18,7 +19,8 @@ def delta_rule(
     chunk_size: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """As `k3c.kernels.kda` without a gate."""
-    if chunk_size is None:
+    check_delta_rule("delta_rule", q, k, v, None, beta, initial_state, scale, chunk_size, gate=None)
+    if chunk_size is None or nothing_to_compute(q):
         return naive_recurrent_delta_rule(q, k, v, beta, scale, initial_state)
     from .chunk import chunk_delta_rule
 

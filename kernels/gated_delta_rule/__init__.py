@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from ..validate import check_delta_rule, nothing_to_compute
 from .naive import naive_recurrent_gated_delta_rule
 
 
@@ -19,7 +20,8 @@ def gated_delta_rule(
     chunk_size: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """g [B, T, H]; otherwise as `k3c.kernels.kda`."""
-    if chunk_size is None:
+    check_delta_rule("gated_delta_rule", q, k, v, g, beta, initial_state, scale, chunk_size, gate="head")
+    if chunk_size is None or nothing_to_compute(q):
         return naive_recurrent_gated_delta_rule(q, k, v, g, beta, scale, initial_state)
     from .chunk import chunk_gated_delta_rule
 

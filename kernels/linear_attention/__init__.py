@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from ..validate import check_linear_attention, nothing_to_compute
 from .naive import naive_recurrent_linear_attention
 
 
@@ -17,7 +18,8 @@ def linear_attention(
     chunk_size: int | None = None,
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
     """q, k are feature-mapped (> 0). Returns (o, (S [B, H, K, V], z [B, H, K]))."""
-    if chunk_size is None:
+    check_linear_attention(q, k, v, initial_state, scale, chunk_size)
+    if chunk_size is None or nothing_to_compute(q):
         return naive_recurrent_linear_attention(q, k, v, scale, initial_state)
     from .chunk import chunk_linear_attention
 

@@ -10,9 +10,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+# K3's SiTU(4, 25): the defaults of every SiTU in k3c (kernels, IR ops, models).
+BETA = 4.0
+LINEAR_BETA = 25.0
+ACTIVATIONS = ("situ", "silu")  # the gated activations: SiTU, and the SiLU-GLU it replaces
+
 
 def situ(
-    gate: torch.Tensor, up: torch.Tensor, beta: float = 4.0, linear_beta: float | None = 25.0
+    gate: torch.Tensor, up: torch.Tensor, beta: float = BETA, linear_beta: float | None = LINEAR_BETA
 ) -> torch.Tensor:
     """SiTU of a gate and an up projection of the same shape [..., I]."""
     g, u = gate.float(), up.float()
@@ -22,7 +27,7 @@ def situ(
     return (a * u).to(gate.dtype)
 
 
-def situ_packed(x: torch.Tensor, beta: float = 4.0, linear_beta: float | None = 25.0) -> torch.Tensor:
+def situ_packed(x: torch.Tensor, beta: float = BETA, linear_beta: float | None = LINEAR_BETA) -> torch.Tensor:
     """SiTU of x = cat(gate, up) on the last dim, gate first: [..., 2I] -> [..., I]."""
     I = x.shape[-1] // 2
     return situ(x[..., :I], x[..., I:], beta, linear_beta)
@@ -31,3 +36,13 @@ def situ_packed(x: torch.Tensor, beta: float = 4.0, linear_beta: float | None = 
 def silu_glu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """The activation SiTU replaces: silu(gate) * up."""
     return F.silu(gate) * up
+
+
+def activation(gate: torch.Tensor, up: torch.Tensor, act: str, beta: float = BETA,
+               linear_beta: float | None = LINEAR_BETA) -> torch.Tensor:
+    """The gated activation `act` (one of ACTIVATIONS) of a gate and an up projection."""
+    if act == "situ":
+        return situ(gate, up, beta, linear_beta)
+    if act == "silu":
+        return silu_glu(gate, up)
+    raise ValueError(f"unknown gated activation {act!r}; known: {', '.join(ACTIVATIONS)}")

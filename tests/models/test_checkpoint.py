@@ -56,18 +56,26 @@ def test_dtype_and_parameter_flags(tmp_path):
 
 
 def test_official_layout_on_disk(tmp_path):
+    """k3-tiny is written as the K3 release is (K3-SPEC.md section 8.1)."""
     save_pretrained(build("k3-tiny"), tmp_path)
     shapes = {k: tuple(v.shape) for k, v in load_file(tmp_path / "model.safetensors").items()}
-    p = "model.layers.1."
+    p = "language_model.model.layers.1."
     assert shapes[p + "block_sparse_moe.experts.0.w1.weight"] == (64, 128)
     assert shapes[p + "block_sparse_moe.experts.7.w3.weight"] == (64, 128)
     assert shapes[p + "block_sparse_moe.experts.7.w2.weight"] == (128, 64)
     assert shapes[p + "self_attn.q_conv1d.weight"] == (128, 1, 4)
-    assert shapes[p + "self_attn.A_log"] == (4,)
+    assert shapes[p + "self_attn.A_log"] == (32,)  # [head_dim], the 4 heads then zeros
     assert shapes[p + "block_sparse_moe.gate.e_score_correction_bias"] == (8,)
-    assert shapes["model.layers.3.self_attn.kv_a_proj_with_mqa.weight"] == (32 + 16, 256)
-    assert not any("w13" in k or k.endswith("experts.w2") for k in shapes)
-    cfg = json.loads((tmp_path / "config.json").read_text())
+    assert shapes["language_model.model.layers.3.self_attn.kv_a_proj_with_mqa.weight"] == (32 + 16, 256)
+    assert shapes["language_model.model.output_attn_res_norm.weight"] == (256,)
+    assert shapes["language_model.model.output_attn_res_proj.weight"] == (1, 256)
+    assert shapes["language_model.lm_head.weight"] == (1024, 256)
+    assert not any("w13" in k or k.endswith("experts.w2") or "model.attn_res" in k for k in shapes)
+    assert all(k.startswith("language_model.") for k in shapes)
+    wrapper = json.loads((tmp_path / "config.json").read_text())
+    assert wrapper["model_type"] == "kimi_k3" and wrapper["architectures"] == ["KimiK3ForConditionalGeneration"]
+    cfg = wrapper["text_config"]
+    assert cfg["model_type"] == "kimi_linear" and "quantization_config" not in cfg  # dense experts
     assert cfg["linear_attn_config"]["full_attn_layers"] == [4, 8, 9]  # 1-based
     assert cfg["linear_attn_config"]["kda_layers"] == [1, 2, 3, 5, 6, 7]
     assert cfg["hidden_act"] == "situ" and cfg["activation_situ_linear_beta"] == 25.0
@@ -203,7 +211,7 @@ def test_sharded_checkpoints_load(tmp_path, ids_for):
     out = tmp_path / "k3"
     save_pretrained(k3, out, max_shard_bytes=1 << 20)
     shards = sorted(p.name for p in out.glob("model-*.safetensors"))
-    assert len(shards) > 2 and shards[0] == f"model-00001-of-{len(shards):05d}.safetensors"
+    assert len(shards) > 2 and shards[0] == f"model-00001-of-{len(shards):06d}.safetensors"  # K3: 6 digits
     assert not (out / "model.safetensors").exists()
     assert_same_weights(from_pretrained(out), k3)
     save_pretrained(k3, out)  # a later single-file save replaces the shards
@@ -235,40 +243,41 @@ def rewrite(path: Path, edit) -> None:
 
 
 def test_missing_tensor_is_named(saved_k3):
-    rewrite(saved_k3, lambda t: t.pop("model.layers.2.block_sparse_moe.experts.5.w3.weight"))
-    with pytest.raises(CheckpointError, match=r"missing.*model\.layers\.2\.block_sparse_moe\.experts\.5\.w3\.weight"):
+    rewrite(saved_k3, lambda t: t.pop("language_model.model.layers.2.block_sparse_moe.experts.5.w3.weight"))
+    name = r"language_model\.model\.layers\.2\.block_sparse_moe\.experts\.5\.w3\.weight"
+    with pytest.raises(CheckpointError, match=r"missing.*" + name):
         from_pretrained(saved_k3)
 
 
 def test_unexpected_tensor_is_named(saved_k3):
-    rewrite(saved_k3, lambda t: t.update({"model.layers.2.self_attn.surprise": torch.zeros(3)}))
-    with pytest.raises(CheckpointError, match=r"unexpected.*model\.layers\.2\.self_attn\.surprise"):
+    rewrite(saved_k3, lambda t: t.update({"language_model.model.layers.2.self_attn.surprise": torch.zeros(3)}))
+    with pytest.raises(CheckpointError, match=r"unexpected.*language_model\.model\.layers\.2\.self_attn\.surprise"):
         from_pretrained(saved_k3)
 
 
 def test_misshaped_tensor_is_named_with_both_shapes(saved_k3):
-    rewrite(saved_k3, lambda t: t.update({"model.layers.0.self_attn.b_proj.weight": torch.zeros(5, 256)}))
-    with pytest.raises(CheckpointError, match=r"model\.layers\.0\.self_attn\.b_proj\.weight: expected \[4, 256\], "
-                                              r"got \[5, 256\]"):
+    key = "language_model.model.layers.0.self_attn.b_proj.weight"
+    rewrite(saved_k3, lambda t: t.update({key: torch.zeros(5, 256)}))
+    with pytest.raises(CheckpointError, match=re.escape(key) + r": expected \[4, 256\], got \[5, 256\]"):
         from_pretrained(saved_k3)
 
 
 def test_all_problems_are_reported_at_once(saved_k3):
     def edit(t):
-        t.pop("lm_head.weight")
-        t["model.norm.weight"] = torch.ones(7)
+        t.pop("language_model.lm_head.weight")
+        t["language_model.model.norm.weight"] = torch.ones(7)
 
     rewrite(saved_k3, edit)
     with pytest.raises(CheckpointError) as err:
         from_pretrained(saved_k3)
-    assert "lm_head.weight" in str(err.value) and "model.norm.weight" in str(err.value)
+    assert "lm_head.weight" in str(err.value) and "language_model.model.norm.weight" in str(err.value)
 
 
 def test_config_that_does_not_fit_the_weights(saved_k3):
     cfg = json.loads((saved_k3 / "config.json").read_text())
-    cfg["attn_res_block_size"] = None
+    cfg["text_config"]["attn_res_block_size"] = None
     (saved_k3 / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(CheckpointError, match="unexpected.*attn_res"):
+    with pytest.raises(CheckpointError, match=r"unexpected tensor\(s\): .*self_attention_res_norm"):
         from_pretrained(saved_k3)
 
 

@@ -60,8 +60,10 @@ SCRIPT = textwrap.dedent(
 
 def test_hf_kimi_linear_agrees(tmp_path):
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    # from outside the repository: its top-level folders are k3c's source, not packages, and
+    # transformers looks for a package named `kernels` (tests/test_layout.py has that case)
     proc = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path / "ours"), str(tmp_path / "hf")],
-                          capture_output=True, text=True, timeout=300, env=env)
+                          capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stderr[-3000:]
     result = json.loads(lines[-1].removeprefix("RESULT "))

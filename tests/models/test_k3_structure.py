@@ -147,7 +147,7 @@ def attn_res_reference(model, ids: torch.Tensor) -> torch.Tensor:
         partial = a if partial is None else partial + a
         h = mix(bank, partial, layer.mlp_res_norm, layer.mlp_res_proj)
         partial = partial + layer.ffn(layer.post_attention_layernorm(h))
-    h = mix(bank, partial, model.model.attn_res_norm, model.model.attn_res_proj)
+    h = mix(bank, partial, model.model.output_attn_res_norm, model.model.output_attn_res_proj)
     return model.lm_head(model.model.norm(h))
 
 
@@ -158,7 +158,7 @@ def test_attn_res_follows_the_spec(k3, ids_for):
 
 
 @pytest.mark.parametrize("query", ["model.layers.4.self_attention_res_proj", "model.layers.7.mlp_res_proj",
-                                   "model.attn_res_proj"])
+                                   "model.output_attn_res_proj"])
 def test_changing_a_pseudo_query_changes_the_logits(k3, ids_for, query):
     ids = ids_for(k3, 1, 7)
     other = copy.deepcopy(k3)

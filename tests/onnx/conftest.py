@@ -21,36 +21,51 @@ def token_ids(model, B: int, T: int, seed: int = 0) -> torch.Tensor:
 
 
 @pytest.fixture(scope="session")
-def zoo_graphs():
-    """zoo_graphs(name, pipeline) -> (model, {"prefill": graph, "decode": graph})."""
-    models, captured, piped = {}, {}, {}
+def zoo_captured():
+    """zoo_captured(name) -> (model, {"prefill": graph, "decode": graph}) as captured."""
+    models, captured = {}, {}
 
-    def get(name: str, pipeline: str = "default"):
+    def get(name: str):
         if name not in captured:
             models[name] = k3c.models.build(name)
             ids = token_ids(models[name], BATCH, CAPTURE_T)
             captured[name] = k3c.capture_entries(models[name], (ids,))
-        if (name, pipeline) not in piped:
-            piped[name, pipeline] = {e: k3c.passes.run(g, pipeline) for e, g in captured[name].items()}
-        return models[name], piped[name, pipeline]
+        return models[name], captured[name]
 
     return get
 
 
 @pytest.fixture(scope="session")
-def zoo_artifact(zoo_graphs, tmp_path_factory):
-    """zoo_artifact(name, flavour, pipeline) -> (model, graphs, out_dir, runner), lowered once."""
+def zoo_graphs(zoo_captured):
+    """zoo_graphs(name, pipeline) -> (model, {"prefill": graph, "decode": graph}) after the passes."""
+    piped = {}
+
+    def get(name: str, pipeline: str = "default"):
+        model, captured = zoo_captured(name)
+        if (name, pipeline) not in piped:
+            piped[name, pipeline] = {e: k3c.passes.run(g, pipeline) for e, g in captured.items()}
+        return model, piped[name, pipeline]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def zoo_artifact(zoo_captured, tmp_path_factory):
+    """zoo_artifact(name, flavour, pipeline) -> (model, graphs, out_dir, runner), lowered once
+    from the graphs k3c.compile would lower (the flavour's pipeline, legalized)."""
     from k3c.backends.onnx import OnnxBackend
+    from k3c.compiler import prepare
 
     cache = {}
 
     def get(name: str, flavour: str, pipeline: str = "default"):
         key = (name, flavour, pipeline)
         if key not in cache:
-            model, graphs = zoo_graphs(name, pipeline)
-            out = tmp_path_factory.mktemp(f"{name}-{flavour}-{pipeline}")
+            model, captured = zoo_captured(name)
             be = OnnxBackend(flavour)
-            be.lower(graphs, out, model_config=model.config, pipeline=pipeline)
+            graphs = prepare(captured, be, pipeline)
+            out = tmp_path_factory.mktemp(f"{name}-{flavour}-{pipeline}")
+            be.lower(graphs, out, model_config=model.config)
             cache[key] = (model, graphs, out, be.load(out))
         return cache[key]
 

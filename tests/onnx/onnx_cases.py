@@ -56,20 +56,35 @@ def feeds(graph: Graph, inputs: list[torch.Tensor]) -> dict[str, np.ndarray]:
     return {n: x.numpy() for n, x in zip(graph.inputs, inputs)}
 
 
-def run_ort(graph: Graph, inputs: list[torch.Tensor], flavour: str = "portable", **options) -> list[torch.Tensor]:
+def prepared(graph: Graph, flavour: str = "portable", chunk_size: int | None = None) -> Graph:
+    """The graph as k3c.compile hands it to the flavour: chunk_size None keeps a recurrent op
+    whole (its Scan body), an int runs chunk-delta-rule first, which keeps the ops the flavour
+    takes whole (the ort flavour's LinearAttention)."""
+    if chunk_size is None:
+        return graph
+    from k3c import passes
+    from k3c.backends.onnx import OnnxBackend
+
+    steps = passes.for_backend([f"chunk-delta-rule{{chunk_size={chunk_size}}}"], keep=OnnxBackend(flavour).takes_whole)
+    return passes.run(graph, steps)
+
+
+def run_ort(graph: Graph, inputs: list[torch.Tensor], flavour: str = "portable",
+            chunk_size: int | None = None) -> list[torch.Tensor]:
     import onnxruntime as ort
 
-    model, _ = lower_graph(graph, flavour, **options)
+    model, _ = lower_graph(prepared(graph, flavour, chunk_size), flavour)
     onnx.checker.check_model(model, full_check=True)
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     return [torch.from_numpy(o) for o in sess.run(None, feeds(graph, inputs))]
 
 
-def run_reference_evaluator(graph: Graph, inputs: list[torch.Tensor], **options) -> list[torch.Tensor]:
+def run_reference_evaluator(graph: Graph, inputs: list[torch.Tensor],
+                            chunk_size: int | None = None) -> list[torch.Tensor]:
     """The same lowering run by onnx's own reference evaluator (portable flavour)."""
     from onnx.reference import ReferenceEvaluator
 
-    model, _ = lower_graph(graph, "portable", **options)
+    model, _ = lower_graph(prepared(graph, "portable", chunk_size))
     return [torch.from_numpy(np.asarray(o)) for o in ReferenceEvaluator(model).run(None, feeds(graph, inputs))]
 
 

@@ -27,7 +27,9 @@ def test_files_manifest_and_metadata(zoo_artifact):
     model, graphs, out, _ = zoo_artifact("k3-tiny", "ort")
     assert sorted(p.name for p in out.iterdir()) == ["decode.onnx", "manifest.json", "prefill.onnx", "weights.bin"]
     m = json.loads((out / "manifest.json").read_text())
-    assert m["model"] == "k3-tiny" and m["flavour"] == "ort" and m["pipeline"] == "default" and m["opset"] == 23
+    assert m["model"] == "k3-tiny" and m["flavour"] == "ort" and m["opset"] == 23
+    assert m["pipeline"] == graphs["prefill"].meta["pipeline"]  # the default, as the ort flavour runs it
+    assert any(step.startswith("chunk-delta-rule{keep=") for step in m["pipeline"])
     assert m["config"]["hidden_size"] == 256 and m["config"]["attn_res_block_size"] == 3
     assert m["k3c_version"] == k3c.__version__
     assert m["entries"]["prefill"]["inputs"] == [{"name": "input_ids", "dtype": "int64", "shape": ["B", "T"],
@@ -36,7 +38,7 @@ def test_files_manifest_and_metadata(zoo_artifact):
     assert m["dims"] == {"B": [1, None], "T": [1, None], "P": [1, None]}
     props = {p.key: p.value for p in onnx.load(str(out / "decode.onnx"), load_external_data=False).metadata_props}
     assert props["k3c.model"] == "k3-tiny" and props["k3c.entry"] == "decode" and props["k3c.flavour"] == "ort"
-    assert json.loads(props["k3c.config"])["num_layers"] == 9 and json.loads(props["k3c.pipeline"]) == "default"
+    assert json.loads(props["k3c.config"])["num_layers"] == 9 and json.loads(props["k3c.pipeline"]) == m["pipeline"]
     assert props["k3c.version"] == k3c.__version__
 
 
@@ -68,7 +70,12 @@ def test_cli_compile_writes_the_artifact(tmp_path, capsys):
                  "--flavour", "ort"]) == 0
     assert {"prefill.onnx", "decode.onnx", "weights.bin", "manifest.json"} <= {p.name for p in out.iterdir()}
     m = json.loads((out / "manifest.json").read_text())
-    assert m["flavour"] == "ort" and m["model"] == "linear-attn-tiny" and m["pipeline"] == "default"
+    from k3c.backends.onnx import OnnxBackend
+
+    # the ort flavour takes the recurrent ops whole: the pipeline it ran says so
+    ran = k3c.passes.for_backend(k3c.passes.steps_of("default"), keep=OnnxBackend("ort").takes_whole)
+    assert m["flavour"] == "ort" and m["model"] == "linear-attn-tiny" and m["pipeline"] == ran
+    assert 'chunk-delta-rule{keep=["delta_rule", "gated_delta_rule", "kda", "linear_attention"]}' in ran
     assert m["state"] == ["layers.0.S", "layers.0.z", "layers.1.S", "layers.1.z"]
     for entry in ("prefill", "decode"):
         onnx.checker.check_model(str(out / f"{entry}.onnx"), full_check=True)

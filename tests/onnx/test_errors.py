@@ -9,15 +9,17 @@ import torch
 from onnx_cases import B_, T_, H, K, V, op_graph
 from onnx_cases import f32 as f32_type
 
+from k3c import backends
 from k3c.backends import UnsupportedNodeError
+from k3c.backends import tables as L
 from k3c.backends.onnx import OnnxBackend, OnnxRunner, lower_graph
-from k3c.backends.onnx.custom import CUSTOM
-from k3c.backends.onnx.standard import STANDARD
+from k3c.errors import ArtifactError
 from k3c.ir import OPS, InputError, TensorType
 
 
-def test_every_ir_op_has_an_onnx_lowering():
-    assert set(OPS) <= set(STANDARD) | set(CUSTOM)
+def test_every_ir_op_has_an_onnx_lowering_or_a_decomposition():
+    table = L.load("onnx")
+    assert [op for op in OPS if op not in table and OPS[op].decompose is None] == []
 
 
 def test_unsupported_op_names_op_backend_and_reason(tmp_path):
@@ -36,7 +38,7 @@ def test_unsupported_op_names_op_backend_and_reason(tmp_path):
 
 def test_op_without_lowering_is_named(monkeypatch):
     g = op_graph("gelu", [("x", f32_type(B_, T_, 8))], {"approximate": "none"})
-    monkeypatch.delitem(STANDARD, "gelu")
+    monkeypatch.delitem(L.load("onnx"), "gelu")
     ok, reason = OnnxBackend().supports(g.nodes[0], g)
     assert not ok and "gelu" in reason
     with pytest.raises(ValueError, match="gelu"):
@@ -101,9 +103,9 @@ def test_wrong_dtype_and_count(k3_artifact):
 def test_bad_flavour_option_and_directory(tmp_path):
     with pytest.raises(ValueError, match="flavour must be one of portable, ort"):
         OnnxBackend(flavour="tensorrt")
-    with pytest.raises(TypeError, match="unknown option.*'target'"):
-        OnnxBackend().lower({}, tmp_path, target="cuda")
-    with pytest.raises(FileNotFoundError, match="not a k3c ONNX artifact"):
+    with pytest.raises(TypeError, match="onnx backend: unknown option.*'target'.*known: flavour"):
+        backends.get("onnx", target="cuda")
+    with pytest.raises(ArtifactError, match="holds no k3c artifact"):
         OnnxRunner(tmp_path)
 
 

@@ -47,7 +47,8 @@ def check(case, flavour="portable", evaluator=False, **options):
 @pytest.mark.parametrize("op", RECURRENT)
 @pytest.mark.parametrize("flavour", FLAVOURS)
 def test_recurrent_chunked(op, T, flavour):
-    """Prefill lowering (symbolic T): the chunked body, or LinearAttention in the ort flavour."""
+    """Prefill (symbolic T) as compiled: chunk-delta-rule's pieces, or the whole op through
+    LinearAttention in the ort flavour (which the pass leaves whole for it)."""
     check(recurrent_case(op, T=T), flavour, chunk_size=16)
 
 
@@ -70,7 +71,7 @@ def test_strong_decay_stays_finite(op):
 @pytest.mark.parametrize("op", RECURRENT)
 @pytest.mark.parametrize("flavour", FLAVOURS)
 def test_recurrent_scan(op, flavour):
-    """The recurrence itself (a Scan over T), as prefill with chunk_size=None runs it."""
+    """The recurrence itself (a Scan over T), as a prefill the pass did not chunk runs it."""
     check(recurrent_case(op, T=37), flavour, chunk_size=None)
 
 
@@ -198,9 +199,9 @@ def test_ort_flavour_uses_the_kernel(make, op, kernel):
     from k3c.backends.onnx import lower_graph
 
     case = make()
-    _, report = lower_graph(case.graph, "ort", chunk_size=16)
+    _, report = lower_graph(case.graph, "ort")
     assert (op, kernel) in report, dict(report)
-    _, report = lower_graph(case.graph, "portable", chunk_size=16)
+    _, report = lower_graph(case.graph, "portable")
     assert all(target.startswith("k3c::") for _, target in report), dict(report)
 
 

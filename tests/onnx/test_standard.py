@@ -68,7 +68,7 @@ graph standard {
   %pr: f32[B, 2, T, T] = softmax(%sc) {dim=-1}
   %tail: f32[B, T - 1, 8] = slice(%rn) {dim=1, start=1, end=T, step=1}
   %head: f32[B, 1, 8] = slice(%rn0) {dim=1, start=0, end=1, step=1}
-  %rest: f32[B, T - 1, 8] = slice(%rn0) {dim=1, start=1, end=9223372036854775807, step=1}
+  %rest: f32[B, T - 1, 8] = slice(%rn0) {dim=1, start=1, end=T, step=1}
   %cat: f32[B, 2*T - 1, 8] = concat(%head, %tail, %rest) {dim=1}
   %ar: i64[T] = arange() {start=0, end=T, dtype="i64"}
   %arf: f32[T] = cast(%ar) {dtype="f32"}

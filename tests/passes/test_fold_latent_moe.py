@@ -183,8 +183,11 @@ def test_mla_decode_is_absorbed():
         assert_same_outputs(g, out, inputs_for(g, {"B": 2, "P": P}), f"P={P}")
 
 
-def test_mla_is_not_absorbed_outside_decode():
-    _, sites = run_pass(graph_of(MLA.replace("ENTRY", "prefill")), "fold-latent-moe")
+def test_mla_is_not_absorbed_for_a_block_of_queries():
+    """Absorption is for a decode step (T the constant 1 against a cache), whatever the graph
+    calls itself; a prefill's block of T queries keeps the up-projected form."""
+    text = MLA.replace("ENTRY", "prefill").replace("dim P in [1, inf]", "dim P in [1, inf]\n  dim T in [1, inf]")
+    _, sites = run_pass(graph_of(text.replace("[B, 1, 2", "[B, T, 2")), "fold-latent-moe")
     assert sites == {}
 
 

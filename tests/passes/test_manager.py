@@ -6,7 +6,7 @@ import pytest
 from passes_testlib import graph_of
 
 from k3c import ir, passes
-from k3c.passes.manager import PASSES, Pass
+from k3c.passes.registry import PASSES, Pass
 
 GRAPH = """graph t {
   dim N in [1, inf]

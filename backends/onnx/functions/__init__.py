@@ -7,6 +7,11 @@ standard ops only, so a model that ships them runs on any conforming ONNX runtim
 
     FUNCTIONS["kda"]              the registered definition (inputs, outputs, attributes)
     function_proto("kda")         its FunctionProto, shipped inside the model
+
+An IR op whose body is one function of its own name declares it with `@op_function("kda")`:
+the signature comes from the op's spec, and the ONNX lowering of the op comes with it. Bodies
+whose structure an attribute changes (an activation, a gate kind) are `@function`s under
+variant names, chosen by the lowerings of custom.py.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import onnx
 from onnx import AttributeProto
 from onnx import helper as oh
 
+from ....ir import OPS
 from ..builder import DOMAIN, OPSET, Builder, Ref
 
 
@@ -42,6 +48,24 @@ def function(name: str, inputs: str, outputs: str, attrs: dict[str, str] | None 
             raise ValueError(f"k3c function {name!r} registered twice")
         FUNCTIONS[name] = FunctionDef(name, tuple(inputs.split()), tuple(outputs.split()), dict(attrs or {}),
                                       body, doc or (body.__doc__ or "").strip().splitlines()[0])
+        return body
+
+    return register
+
+
+def op_function(op: str, *, attrs: tuple[str, ...] | None = None):
+    """Register `body` as the k3c-domain function of IR op `op` with the op's own signature
+    (its tensor inputs and outputs from the spec, the attributes `attrs` names, default all of
+    them), and as the op's ONNX lowering (a node of the k3c domain; cell "fn")."""
+    spec = OPS[op]
+    names = tuple(spec.attr_specs) if attrs is None else attrs
+    kinds = {a: "int" if spec.attr_specs[a].kind == "int" else "float" for a in names}
+
+    def register(body: Callable) -> Callable:
+        function(op, " ".join(spec.tensor_inputs), " ".join(spec.outputs), kinds)(body)
+        from ..custom import call_lowering
+
+        call_lowering(op, kinds)
         return body
 
     return register

@@ -8,7 +8,7 @@ query t sees keys 0 .. S - T + t (decode: S = P + 1 keys, one query).
 from __future__ import annotations
 
 from ..builder import Builder
-from . import function
+from . import op_function
 
 
 def attend(b: Builder, q: str, kt: str, v: str, scale) -> str:
@@ -28,7 +28,7 @@ def heads_first(b: Builder, x: str) -> str:
     return b.Transpose(x, perm=[0, 2, 1, 3])
 
 
-@function("causal_attention", "q k v", "o", {"scale": "float"})
+@op_function("causal_attention")
 def causal_attention(b, q, k, v, scale):
     """softmax(q k^T * scale, causal bottom-right) v: q [B, T, H, D], k, v [B, S, H, *]."""
     o = attend(b, heads_first(b, q), b.Transpose(k, perm=[0, 2, 3, 1]), heads_first(b, v), scale)
@@ -48,7 +48,7 @@ def mla_keys_values(b: Builder, q: str, ckv: str, krope: str, w_kv_b: str) -> tu
     return b.Concat(k_nope, k_rope, axis=-1), v
 
 
-@function("mla_attention", "q ckv krope w_kv_b", "o", {"scale": "float"})
+@op_function("mla_attention", attrs=("scale",))
 def mla_attention(b, q, ckv, krope, w_kv_b, scale):
     """MLA over the latent cache, expanded: keys/values up-projected by w_kv_b (NoPE)."""
     k, v = mla_keys_values(b, q, ckv, krope, w_kv_b)
@@ -64,7 +64,7 @@ def absorbed_query(b: Builder, q: str, krope: str, w_uk: str) -> str:
     return b.Concat(q_lat, heads_first(b, q_rope), axis=-1)
 
 
-@function("mla_attention_absorbed", "q ckv krope w_uk w_uv", "o", {"scale": "float"})
+@op_function("mla_attention_absorbed")
 def mla_attention_absorbed(b, q, ckv, krope, w_uk, w_uv, scale):
     """MLA with W_UK folded into the query and W_UV after attention: one KV head."""
     q_abs = absorbed_query(b, q, krope, w_uk)
@@ -73,7 +73,7 @@ def mla_attention_absorbed(b, q, ckv, krope, w_uk, w_uv, scale):
     return heads_first(b, b.MatMul(o_lat, b.Transpose(w_uv, perm=[0, 2, 1])))
 
 
-@function("attn_res_mix", "V w n", "y", {"eps": "float"})
+@op_function("attn_res_mix")
 def attn_res_mix(b, V, w, n, eps):
     """softmax over N of (rmsnorm(V) . (n * w)), then the weighted sum of raw V [N, B, T, d]."""
     ms = b.ReduceMean(b.Mul(V, V), b.ints([-1]), keepdims=1)

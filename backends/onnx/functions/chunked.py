@@ -11,7 +11,7 @@ general inverse; pairwise decays exp(G_i - G_j) are masked before the exp.
 from __future__ import annotations
 
 from ..builder import INT64_MAX, Builder, loop_counter, subgraph
-from . import function
+from . import function, op_function
 
 EXP_FLOOR = -30.0  # as k3c.kernels.delta_chunk: exp(max(x, -30)) for log-decays x <= 0
 
@@ -224,7 +224,7 @@ def _prepare_linear(b, q, k, v, chunk_size):
     return chunk_prepare(b, q, k, v, None, None, chunk_size, "linear")
 
 
-@function("chunk_state_scan", "w u k_decayed decay_last state", "v_new start_states state_out")
+@op_function("chunk_state_scan")
 def chunk_state_scan(b: Builder, w, u, k_decayed, decay_last, state):
     """The inter-chunk scan (a Scan over NC): v_new = u - w S; start = S;
     S = decay_last * S + k_decayed^T v_new."""

@@ -14,13 +14,14 @@ The expert ops pick one of two exact forms at run time (an If on the routed slot
 from __future__ import annotations
 
 from ..builder import Builder, loop_counter, subgraph
-from . import function
+from ..stable import sigmoid
+from . import function, op_function
 
 
 def situ(b: Builder, gate: str, up: str, beta, linear_beta) -> str:
     """beta tanh(gate / beta) sigmoid(gate) * linear_beta tanh(up / linear_beta)."""
     bt = b.param(beta)
-    a = b.Mul(b.Mul(bt, b.Tanh(b.Div(gate, bt))), b.Sigmoid(gate))
+    a = b.Mul(b.Mul(bt, b.Tanh(b.Div(gate, bt))), sigmoid(b, gate, "f32"))  # relative accuracy for gate < 0
     if linear_beta is not None:
         lb = b.param(linear_beta)
         up = b.Mul(lb, b.Tanh(b.Div(up, lb)))
@@ -31,7 +32,7 @@ def activation(b: Builder, gu: str, act: str, beta=None, linear_beta=None) -> st
     """act(gate, up) of gu = [gate | up] on the last axis."""
     gate, up = b.op("Split", [gu], 2, axis=-1, num_outputs=2)
     if act == "silu":
-        return b.Mul(b.Mul(gate, b.Sigmoid(gate)), up)
+        return b.Mul(b.Mul(gate, sigmoid(b, gate, "f32")), up)
     return situ(b, gate, up, beta, linear_beta)
 
 
@@ -194,7 +195,7 @@ def down_gathered(s: Builder, a: str, w2: str, idx: str, w: str) -> str:
     return s.ReduceSum(s.Mul(o, s.unsqueeze(w, -1)), s.ints([1]), keepdims=0)
 
 
-@function("moe_gate_up", "h w13 idx", "gu")
+@op_function("moe_gate_up")
 def moe_gate_up(b: Builder, h, w13, idx):
     """gu[n, j] = w13[idx[n, j]] @ h[n]: h [N, D], w13 [E, 2I, D], idx [N, k] -> [N, k, 2I]."""
     E = b.shape_of(w13, 0)
@@ -220,7 +221,7 @@ def moe_gate_up(b: Builder, h, w13, idx):
     return _choose(b, idx, E, lambda s: gate_up_gathered(s, h, w13, idx), batched, loop, 3)
 
 
-@function("moe_down", "a w2 idx w", "y")
+@op_function("moe_down")
 def moe_down(b: Builder, a, w2, idx, w):
     """y[n] = sum_j w[n, j] * w2[idx[n, j]] @ a[n, j]: a [N, k, I], w2 [E, D, I] -> [N, D]."""
     E = b.shape_of(w2, 0)

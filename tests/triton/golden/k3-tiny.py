@@ -145,9 +145,9 @@ def prefill(W, input_ids):
     linear_7 = F.linear(reshape, W['model.layers.0.self_attn.o_proj.weight'])  # models/kda_layer.py:84
     stack = torch.stack([embedding, linear_7], dim=0)
     attn_res_mix_ = attn_res_mix(stack, W['model.layers.0.mlp_res_proj.weight.reshape'], W['model.layers.0.mlp_res_norm.weight'], 1e-05)
-    rms_norm_2 = rms_norm(attn_res_mix_, None, 1e-05)  # models/common.py:46
-    gated_mlp_8 = gated_mlp(rms_norm_2, W['model.layers.0.mlp.gate_up_proj.weight.normed'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:46
-    linear_10 = F.linear(gated_mlp_8, W['model.layers.0.mlp.down_proj.weight'])  # models/common.py:46
+    rms_norm_2 = rms_norm(attn_res_mix_, None, 1e-05)  # models/common.py:47
+    gated_mlp_8 = gated_mlp(rms_norm_2, W['model.layers.0.mlp.gate_up_proj.weight.normed'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:47
+    linear_10 = F.linear(gated_mlp_8, W['model.layers.0.mlp.down_proj.weight'])  # models/common.py:47
     add_3 = rt.elementwise(ew2, (B, T, 256), torch.float32, linear_7, linear_10)
     stack_1 = torch.stack([embedding, add_3], dim=0)
     attn_res_mix_1 = attn_res_mix(stack_1, W['model.layers.1.self_attention_res_proj.weight.reshape'], W['model.layers.1.self_attention_res_norm.weight'], 1e-05)
@@ -176,23 +176,23 @@ def prefill(W, input_ids):
     add_7 = rt.elementwise(ew2, (B, T, 256), torch.float32, add_3, linear_18)
     stack_2 = torch.stack([embedding, add_7], dim=0)
     attn_res_mix_2 = attn_res_mix(stack_2, W['model.layers.1.mlp_res_proj.weight.reshape'], W['model.layers.1.mlp_res_norm.weight'], 1e-05)
-    rms_norm_5 = rms_norm(attn_res_mix_2, W['model.layers.1.post_attention_layernorm.weight'], 1e-05)  # models/common.py:30
-    reshape_2 = rms_norm_5.reshape((B*T, 256))  # models/moe_layer.py:65
-    linear_19_merged = F.linear(reshape_2, W['model.layers.1.block_sparse_moe.gate-routed_expert_down_proj.weight'])  # models/moe_layer.py:66
-    linear_19_merged_0, linear_19_merged_1 = torch.split(linear_19_merged, [8, 128], dim=1)  # models/moe_layer.py:66
-    sigmoid_7 = rt.elementwise(ew1, (B*T, 8), torch.float32, linear_19_merged_0)  # models/moe_layer.py:66
-    add_8 = rt.broadcast(ew3, (B*T, 8), torch.float32, sigmoid_7, W['model.layers.1.block_sparse_moe.gate.e_score_correction_bias'])  # models/moe_layer.py:67
-    topk_0, topk_1 = torch.topk(add_8, 2, dim=1)  # models/moe_layer.py:67
-    gather = torch.gather(sigmoid_7, 1, topk_1)  # models/moe_layer.py:68
-    sum_5 = gather.sum(dim=(1,), keepdim=True)  # models/moe_layer.py:70
-    div_2 = rt.broadcast(ew4, (B*T, 2), torch.float32, sum_5, gather)  # models/moe_layer.py:70
-    moe_experts_7 = moe_experts(linear_19_merged_1, W['model.layers.1.block_sparse_moe.experts.w13'], W['model.layers.1.block_sparse_moe.experts.w2'], topk_1, div_2, 'situ', 4.0, 25.0)  # models/moe_layer.py:76
-    rms_norm_6 = rms_norm(moe_experts_7, None, 1e-05)  # models/moe_layer.py:80
-    linear_21 = F.linear(rms_norm_6, W['model.layers.1.block_sparse_moe.routed_expert_up_proj.weight.normed'])  # models/moe_layer.py:80
-    gated_mlp_7 = gated_mlp(reshape_2, W['model.layers.1.block_sparse_moe.shared_experts.gate_up_proj.weight'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:46
-    linear_24 = F.linear(gated_mlp_7, W['model.layers.1.block_sparse_moe.shared_experts.down_proj.weight'])  # models/common.py:46
-    add_10 = rt.elementwise(ew2, (B*T, 256), torch.float32, linear_21, linear_24)  # models/moe_layer.py:82
-    view_23 = add_10.reshape((B, T, 256))  # models/moe_layer.py:83
+    rms_norm_5 = rms_norm(attn_res_mix_2, W['model.layers.1.post_attention_layernorm.weight'], 1e-05)  # models/common.py:31
+    reshape_2 = rms_norm_5.reshape((B*T, 256))  # models/moe_layer.py:95
+    linear_19_merged = F.linear(reshape_2, W['model.layers.1.block_sparse_moe.gate-routed_expert_down_proj.weight'])  # models/moe_layer.py:96
+    linear_19_merged_0, linear_19_merged_1 = torch.split(linear_19_merged, [8, 128], dim=1)  # models/moe_layer.py:96
+    sigmoid_7 = rt.elementwise(ew1, (B*T, 8), torch.float32, linear_19_merged_0)  # models/moe_layer.py:96
+    add_8 = rt.broadcast(ew3, (B*T, 8), torch.float32, sigmoid_7, W['model.layers.1.block_sparse_moe.gate.e_score_correction_bias'])  # models/moe_layer.py:97
+    topk_0, topk_1 = torch.topk(add_8, 2, dim=1)  # models/moe_layer.py:97
+    gather = torch.gather(sigmoid_7, 1, topk_1)  # models/moe_layer.py:98
+    sum_5 = gather.sum(dim=(1,), keepdim=True)  # models/moe_layer.py:100
+    div_2 = rt.broadcast(ew4, (B*T, 2), torch.float32, sum_5, gather)  # models/moe_layer.py:100
+    moe_experts_7 = moe_experts(linear_19_merged_1, W['model.layers.1.block_sparse_moe.experts.w13'], W['model.layers.1.block_sparse_moe.experts.w2'], topk_1, div_2, 'situ', 4.0, 25.0)  # models/moe_layer.py:113
+    rms_norm_6 = rms_norm(moe_experts_7, None, 1e-05)  # models/moe_layer.py:117
+    linear_21 = F.linear(rms_norm_6, W['model.layers.1.block_sparse_moe.routed_expert_up_proj.weight.normed'])  # models/moe_layer.py:117
+    gated_mlp_7 = gated_mlp(reshape_2, W['model.layers.1.block_sparse_moe.shared_experts.gate_up_proj.weight'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:47
+    linear_24 = F.linear(gated_mlp_7, W['model.layers.1.block_sparse_moe.shared_experts.down_proj.weight'])  # models/common.py:47
+    add_10 = rt.elementwise(ew2, (B*T, 256), torch.float32, linear_21, linear_24)  # models/moe_layer.py:119
+    view_23 = add_10.reshape((B, T, 256))  # models/moe_layer.py:120
     add_11 = rt.elementwise(ew2, (B, T, 256), torch.float32, add_7, view_23)
     stack_3 = torch.stack([embedding, add_11], dim=0)
     attn_res_mix_3 = attn_res_mix(stack_3, W['model.layers.2.self_attention_res_proj.weight.reshape'], W['model.layers.2.self_attention_res_norm.weight'], 1e-05)
@@ -221,23 +221,23 @@ def prefill(W, input_ids):
     add_15 = rt.elementwise(ew2, (B, T, 256), torch.float32, add_11, linear_32)
     stack_4 = torch.stack([embedding, add_15], dim=0)
     attn_res_mix_4 = attn_res_mix(stack_4, W['model.layers.2.mlp_res_proj.weight.reshape'], W['model.layers.2.mlp_res_norm.weight'], 1e-05)
-    rms_norm_9 = rms_norm(attn_res_mix_4, W['model.layers.2.post_attention_layernorm.weight'], 1e-05)  # models/common.py:30
-    reshape_4 = rms_norm_9.reshape((B*T, 256))  # models/moe_layer.py:65
-    linear_33_merged = F.linear(reshape_4, W['model.layers.2.block_sparse_moe.gate-routed_expert_down_proj.weight'])  # models/moe_layer.py:66
-    linear_33_merged_0, linear_33_merged_1 = torch.split(linear_33_merged, [8, 128], dim=1)  # models/moe_layer.py:66
-    sigmoid_13 = rt.elementwise(ew1, (B*T, 8), torch.float32, linear_33_merged_0)  # models/moe_layer.py:66
-    add_16 = rt.broadcast(ew3, (B*T, 8), torch.float32, sigmoid_13, W['model.layers.2.block_sparse_moe.gate.e_score_correction_bias'])  # models/moe_layer.py:67
-    topk_1_0, topk_1_1 = torch.topk(add_16, 2, dim=1)  # models/moe_layer.py:67
-    gather_1 = torch.gather(sigmoid_13, 1, topk_1_1)  # models/moe_layer.py:68
-    sum_8 = gather_1.sum(dim=(1,), keepdim=True)  # models/moe_layer.py:70
-    div_7 = rt.broadcast(ew4, (B*T, 2), torch.float32, sum_8, gather_1)  # models/moe_layer.py:70
-    moe_experts_6 = moe_experts(linear_33_merged_1, W['model.layers.2.block_sparse_moe.experts.w13'], W['model.layers.2.block_sparse_moe.experts.w2'], topk_1_1, div_7, 'situ', 4.0, 25.0)  # models/moe_layer.py:76
-    rms_norm_10 = rms_norm(moe_experts_6, None, 1e-05)  # models/moe_layer.py:80
-    linear_35 = F.linear(rms_norm_10, W['model.layers.2.block_sparse_moe.routed_expert_up_proj.weight.normed'])  # models/moe_layer.py:80
-    gated_mlp_6 = gated_mlp(reshape_4, W['model.layers.2.block_sparse_moe.shared_experts.gate_up_proj.weight'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:46
-    linear_38 = F.linear(gated_mlp_6, W['model.layers.2.block_sparse_moe.shared_experts.down_proj.weight'])  # models/common.py:46
-    add_18 = rt.elementwise(ew2, (B*T, 256), torch.float32, linear_35, linear_38)  # models/moe_layer.py:82
-    view_36 = add_18.reshape((B, T, 256))  # models/moe_layer.py:83
+    rms_norm_9 = rms_norm(attn_res_mix_4, W['model.layers.2.post_attention_layernorm.weight'], 1e-05)  # models/common.py:31
+    reshape_4 = rms_norm_9.reshape((B*T, 256))  # models/moe_layer.py:95
+    linear_33_merged = F.linear(reshape_4, W['model.layers.2.block_sparse_moe.gate-routed_expert_down_proj.weight'])  # models/moe_layer.py:96
+    linear_33_merged_0, linear_33_merged_1 = torch.split(linear_33_merged, [8, 128], dim=1)  # models/moe_layer.py:96
+    sigmoid_13 = rt.elementwise(ew1, (B*T, 8), torch.float32, linear_33_merged_0)  # models/moe_layer.py:96
+    add_16 = rt.broadcast(ew3, (B*T, 8), torch.float32, sigmoid_13, W['model.layers.2.block_sparse_moe.gate.e_score_correction_bias'])  # models/moe_layer.py:97
+    topk_1_0, topk_1_1 = torch.topk(add_16, 2, dim=1)  # models/moe_layer.py:97
+    gather_1 = torch.gather(sigmoid_13, 1, topk_1_1)  # models/moe_layer.py:98
+    sum_8 = gather_1.sum(dim=(1,), keepdim=True)  # models/moe_layer.py:100
+    div_7 = rt.broadcast(ew4, (B*T, 2), torch.float32, sum_8, gather_1)  # models/moe_layer.py:100
+    moe_experts_6 = moe_experts(linear_33_merged_1, W['model.layers.2.block_sparse_moe.experts.w13'], W['model.layers.2.block_sparse_moe.experts.w2'], topk_1_1, div_7, 'situ', 4.0, 25.0)  # models/moe_layer.py:113
+    rms_norm_10 = rms_norm(moe_experts_6, None, 1e-05)  # models/moe_layer.py:117
+    linear_35 = F.linear(rms_norm_10, W['model.layers.2.block_sparse_moe.routed_expert_up_proj.weight.normed'])  # models/moe_layer.py:117
+    gated_mlp_6 = gated_mlp(reshape_4, W['model.layers.2.block_sparse_moe.shared_experts.gate_up_proj.weight'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:47
+    linear_38 = F.linear(gated_mlp_6, W['model.layers.2.block_sparse_moe.shared_experts.down_proj.weight'])  # models/common.py:47
+    add_18 = rt.elementwise(ew2, (B*T, 256), torch.float32, linear_35, linear_38)  # models/moe_layer.py:119
+    view_36 = add_18.reshape((B, T, 256))  # models/moe_layer.py:120
     add_19 = rt.elementwise(ew2, (B, T, 256), torch.float32, add_15, view_36)
     stack_5 = torch.stack([embedding, add_19], dim=0)
     attn_res_mix_5 = attn_res_mix(stack_5, W['model.layers.3.self_attention_res_proj.weight.reshape'], W['model.layers.3.self_attention_res_norm.weight'], 1e-05)
@@ -248,30 +248,30 @@ def prefill(W, input_ids):
     linear_40 = F.linear(rms_norm_12, W['model.layers.3.self_attn.q_b_proj.weight.normed'])  # models/mla_layer.py:48
     view_38 = linear_40.reshape((B, T, 4, 48))  # models/mla_layer.py:49
     split_with_sizes_0, split_with_sizes_1 = torch.split(linear_39_merged_1, [32, 16], dim=2)  # models/mla_layer.py:50
-    rms_norm_13 = rms_norm(split_with_sizes_0, W['model.layers.3.self_attn.kv_a_layernorm.weight'], 1e-06)  # models/common.py:30
+    rms_norm_13 = rms_norm(split_with_sizes_0, W['model.layers.3.self_attn.kv_a_layernorm.weight'], 1e-06)  # models/common.py:31
     mla_attention_ = mla_attention(view_38, rms_norm_13, split_with_sizes_1, W['model.layers.3.self_attn.kv_b_proj.weight'], 32, 0.14433756729740643)  # models/mla_layer.py:55
     reshape_5 = mla_attention_.reshape((B, T, 128))  # models/mla_layer.py:56
     mul_39 = rt.elementwise(ew5, (B, T, 128), torch.float32, linear_39_merged_2, reshape_5)  # models/mla_layer.py:58
     linear_43 = F.linear(mul_39, W['model.layers.3.self_attn.o_proj.weight'])  # models/mla_layer.py:59
     stack_6 = torch.stack([embedding, add_19, linear_43], dim=0)
     attn_res_mix_6 = attn_res_mix(stack_6, W['model.layers.3.mlp_res_proj.weight.reshape'], W['model.layers.3.mlp_res_norm.weight'], 1e-05)
-    rms_norm_14 = rms_norm(attn_res_mix_6, W['model.layers.3.post_attention_layernorm.weight'], 1e-05)  # models/common.py:30
-    reshape_6 = rms_norm_14.reshape((B*T, 256))  # models/moe_layer.py:65
-    linear_44_merged = F.linear(reshape_6, W['model.layers.3.block_sparse_moe.gate-routed_expert_down_proj.weight'])  # models/moe_layer.py:66
-    linear_44_merged_0, linear_44_merged_1 = torch.split(linear_44_merged, [8, 128], dim=1)  # models/moe_layer.py:66
-    sigmoid_17 = rt.elementwise(ew1, (B*T, 8), torch.float32, linear_44_merged_0)  # models/moe_layer.py:66
-    add_20 = rt.broadcast(ew3, (B*T, 8), torch.float32, sigmoid_17, W['model.layers.3.block_sparse_moe.gate.e_score_correction_bias'])  # models/moe_layer.py:67
-    topk_2_0, topk_2_1 = torch.topk(add_20, 2, dim=1)  # models/moe_layer.py:67
-    gather_2 = torch.gather(sigmoid_17, 1, topk_2_1)  # models/moe_layer.py:68
-    sum_9 = gather_2.sum(dim=(1,), keepdim=True)  # models/moe_layer.py:70
-    div_12 = rt.broadcast(ew4, (B*T, 2), torch.float32, sum_9, gather_2)  # models/moe_layer.py:70
-    moe_experts_5 = moe_experts(linear_44_merged_1, W['model.layers.3.block_sparse_moe.experts.w13'], W['model.layers.3.block_sparse_moe.experts.w2'], topk_2_1, div_12, 'situ', 4.0, 25.0)  # models/moe_layer.py:76
-    rms_norm_15 = rms_norm(moe_experts_5, None, 1e-05)  # models/moe_layer.py:80
-    linear_46 = F.linear(rms_norm_15, W['model.layers.3.block_sparse_moe.routed_expert_up_proj.weight.normed'])  # models/moe_layer.py:80
-    gated_mlp_5 = gated_mlp(reshape_6, W['model.layers.3.block_sparse_moe.shared_experts.gate_up_proj.weight'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:46
-    linear_49 = F.linear(gated_mlp_5, W['model.layers.3.block_sparse_moe.shared_experts.down_proj.weight'])  # models/common.py:46
-    add_22 = rt.elementwise(ew2, (B*T, 256), torch.float32, linear_46, linear_49)  # models/moe_layer.py:82
-    view_40 = add_22.reshape((B, T, 256))  # models/moe_layer.py:83
+    rms_norm_14 = rms_norm(attn_res_mix_6, W['model.layers.3.post_attention_layernorm.weight'], 1e-05)  # models/common.py:31
+    reshape_6 = rms_norm_14.reshape((B*T, 256))  # models/moe_layer.py:95
+    linear_44_merged = F.linear(reshape_6, W['model.layers.3.block_sparse_moe.gate-routed_expert_down_proj.weight'])  # models/moe_layer.py:96
+    linear_44_merged_0, linear_44_merged_1 = torch.split(linear_44_merged, [8, 128], dim=1)  # models/moe_layer.py:96
+    sigmoid_17 = rt.elementwise(ew1, (B*T, 8), torch.float32, linear_44_merged_0)  # models/moe_layer.py:96
+    add_20 = rt.broadcast(ew3, (B*T, 8), torch.float32, sigmoid_17, W['model.layers.3.block_sparse_moe.gate.e_score_correction_bias'])  # models/moe_layer.py:97
+    topk_2_0, topk_2_1 = torch.topk(add_20, 2, dim=1)  # models/moe_layer.py:97
+    gather_2 = torch.gather(sigmoid_17, 1, topk_2_1)  # models/moe_layer.py:98
+    sum_9 = gather_2.sum(dim=(1,), keepdim=True)  # models/moe_layer.py:100
+    div_12 = rt.broadcast(ew4, (B*T, 2), torch.float32, sum_9, gather_2)  # models/moe_layer.py:100
+    moe_experts_5 = moe_experts(linear_44_merged_1, W['model.layers.3.block_sparse_moe.experts.w13'], W['model.layers.3.block_sparse_moe.experts.w2'], topk_2_1, div_12, 'situ', 4.0, 25.0)  # models/moe_layer.py:113
+    rms_norm_15 = rms_norm(moe_experts_5, None, 1e-05)  # models/moe_layer.py:117
+    linear_46 = F.linear(rms_norm_15, W['model.layers.3.block_sparse_moe.routed_expert_up_proj.weight.normed'])  # models/moe_layer.py:117
+    gated_mlp_5 = gated_mlp(reshape_6, W['model.layers.3.block_sparse_moe.shared_experts.gate_up_proj.weight'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:47
+    linear_49 = F.linear(gated_mlp_5, W['model.layers.3.block_sparse_moe.shared_experts.down_proj.weight'])  # models/common.py:47
+    add_22 = rt.elementwise(ew2, (B*T, 256), torch.float32, linear_46, linear_49)  # models/moe_layer.py:119
+    view_40 = add_22.reshape((B, T, 256))  # models/moe_layer.py:120
     add_23 = rt.elementwise(ew2, (B, T, 256), torch.float32, linear_43, view_40)
     stack_7 = torch.stack([embedding, add_19, add_23], dim=0)
     attn_res_mix_7 = attn_res_mix(stack_7, W['model.layers.4.self_attention_res_proj.weight.reshape'], W['model.layers.4.self_attention_res_norm.weight'], 1e-05)
@@ -300,23 +300,23 @@ def prefill(W, input_ids):
     add_27 = rt.elementwise(ew2, (B, T, 256), torch.float32, add_23, linear_57)
     stack_8 = torch.stack([embedding, add_19, add_27], dim=0)
     attn_res_mix_8 = attn_res_mix(stack_8, W['model.layers.4.mlp_res_proj.weight.reshape'], W['model.layers.4.mlp_res_norm.weight'], 1e-05)
-    rms_norm_18 = rms_norm(attn_res_mix_8, W['model.layers.4.post_attention_layernorm.weight'], 1e-05)  # models/common.py:30
-    reshape_8 = rms_norm_18.reshape((B*T, 256))  # models/moe_layer.py:65
-    linear_58_merged = F.linear(reshape_8, W['model.layers.4.block_sparse_moe.gate-routed_expert_down_proj.weight'])  # models/moe_layer.py:66
-    linear_58_merged_0, linear_58_merged_1 = torch.split(linear_58_merged, [8, 128], dim=1)  # models/moe_layer.py:66
-    sigmoid_23 = rt.elementwise(ew1, (B*T, 8), torch.float32, linear_58_merged_0)  # models/moe_layer.py:66
-    add_28 = rt.broadcast(ew3, (B*T, 8), torch.float32, sigmoid_23, W['model.layers.4.block_sparse_moe.gate.e_score_correction_bias'])  # models/moe_layer.py:67
-    topk_3_0, topk_3_1 = torch.topk(add_28, 2, dim=1)  # models/moe_layer.py:67
-    gather_3 = torch.gather(sigmoid_23, 1, topk_3_1)  # models/moe_layer.py:68
-    sum_12 = gather_3.sum(dim=(1,), keepdim=True)  # models/moe_layer.py:70
-    div_17 = rt.broadcast(ew4, (B*T, 2), torch.float32, sum_12, gather_3)  # models/moe_layer.py:70
-    moe_experts_4 = moe_experts(linear_58_merged_1, W['model.layers.4.block_sparse_moe.experts.w13'], W['model.layers.4.block_sparse_moe.experts.w2'], topk_3_1, div_17, 'situ', 4.0, 25.0)  # models/moe_layer.py:76
-    rms_norm_19 = rms_norm(moe_experts_4, None, 1e-05)  # models/moe_layer.py:80
-    linear_60 = F.linear(rms_norm_19, W['model.layers.4.block_sparse_moe.routed_expert_up_proj.weight.normed'])  # models/moe_layer.py:80
-    gated_mlp_4 = gated_mlp(reshape_8, W['model.layers.4.block_sparse_moe.shared_experts.gate_up_proj.weight'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:46
-    linear_63 = F.linear(gated_mlp_4, W['model.layers.4.block_sparse_moe.shared_experts.down_proj.weight'])  # models/common.py:46
-    add_30 = rt.elementwise(ew2, (B*T, 256), torch.float32, linear_60, linear_63)  # models/moe_layer.py:82
-    view_53 = add_30.reshape((B, T, 256))  # models/moe_layer.py:83
+    rms_norm_18 = rms_norm(attn_res_mix_8, W['model.layers.4.post_attention_layernorm.weight'], 1e-05)  # models/common.py:31
+    reshape_8 = rms_norm_18.reshape((B*T, 256))  # models/moe_layer.py:95
+    linear_58_merged = F.linear(reshape_8, W['model.layers.4.block_sparse_moe.gate-routed_expert_down_proj.weight'])  # models/moe_layer.py:96
+    linear_58_merged_0, linear_58_merged_1 = torch.split(linear_58_merged, [8, 128], dim=1)  # models/moe_layer.py:96
+    sigmoid_23 = rt.elementwise(ew1, (B*T, 8), torch.float32, linear_58_merged_0)  # models/moe_layer.py:96
+    add_28 = rt.broadcast(ew3, (B*T, 8), torch.float32, sigmoid_23, W['model.layers.4.block_sparse_moe.gate.e_score_correction_bias'])  # models/moe_layer.py:97
+    topk_3_0, topk_3_1 = torch.topk(add_28, 2, dim=1)  # models/moe_layer.py:97
+    gather_3 = torch.gather(sigmoid_23, 1, topk_3_1)  # models/moe_layer.py:98
+    sum_12 = gather_3.sum(dim=(1,), keepdim=True)  # models/moe_layer.py:100
+    div_17 = rt.broadcast(ew4, (B*T, 2), torch.float32, sum_12, gather_3)  # models/moe_layer.py:100
+    moe_experts_4 = moe_experts(linear_58_merged_1, W['model.layers.4.block_sparse_moe.experts.w13'], W['model.layers.4.block_sparse_moe.experts.w2'], topk_3_1, div_17, 'situ', 4.0, 25.0)  # models/moe_layer.py:113
+    rms_norm_19 = rms_norm(moe_experts_4, None, 1e-05)  # models/moe_layer.py:117
+    linear_60 = F.linear(rms_norm_19, W['model.layers.4.block_sparse_moe.routed_expert_up_proj.weight.normed'])  # models/moe_layer.py:117
+    gated_mlp_4 = gated_mlp(reshape_8, W['model.layers.4.block_sparse_moe.shared_experts.gate_up_proj.weight'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:47
+    linear_63 = F.linear(gated_mlp_4, W['model.layers.4.block_sparse_moe.shared_experts.down_proj.weight'])  # models/common.py:47
+    add_30 = rt.elementwise(ew2, (B*T, 256), torch.float32, linear_60, linear_63)  # models/moe_layer.py:119
+    view_53 = add_30.reshape((B, T, 256))  # models/moe_layer.py:120
     add_31 = rt.elementwise(ew2, (B, T, 256), torch.float32, add_27, view_53)
     stack_9 = torch.stack([embedding, add_19, add_31], dim=0)
     attn_res_mix_9 = attn_res_mix(stack_9, W['model.layers.5.self_attention_res_proj.weight.reshape'], W['model.layers.5.self_attention_res_norm.weight'], 1e-05)
@@ -345,23 +345,23 @@ def prefill(W, input_ids):
     add_35 = rt.elementwise(ew2, (B, T, 256), torch.float32, add_31, linear_71)
     stack_10 = torch.stack([embedding, add_19, add_35], dim=0)
     attn_res_mix_10 = attn_res_mix(stack_10, W['model.layers.5.mlp_res_proj.weight.reshape'], W['model.layers.5.mlp_res_norm.weight'], 1e-05)
-    rms_norm_22 = rms_norm(attn_res_mix_10, W['model.layers.5.post_attention_layernorm.weight'], 1e-05)  # models/common.py:30
-    reshape_10 = rms_norm_22.reshape((B*T, 256))  # models/moe_layer.py:65
-    linear_72_merged = F.linear(reshape_10, W['model.layers.5.block_sparse_moe.gate-routed_expert_down_proj.weight'])  # models/moe_layer.py:66
-    linear_72_merged_0, linear_72_merged_1 = torch.split(linear_72_merged, [8, 128], dim=1)  # models/moe_layer.py:66
-    sigmoid_29 = rt.elementwise(ew1, (B*T, 8), torch.float32, linear_72_merged_0)  # models/moe_layer.py:66
-    add_36 = rt.broadcast(ew3, (B*T, 8), torch.float32, sigmoid_29, W['model.layers.5.block_sparse_moe.gate.e_score_correction_bias'])  # models/moe_layer.py:67
-    topk_4_0, topk_4_1 = torch.topk(add_36, 2, dim=1)  # models/moe_layer.py:67
-    gather_4 = torch.gather(sigmoid_29, 1, topk_4_1)  # models/moe_layer.py:68
-    sum_15 = gather_4.sum(dim=(1,), keepdim=True)  # models/moe_layer.py:70
-    div_22 = rt.broadcast(ew4, (B*T, 2), torch.float32, sum_15, gather_4)  # models/moe_layer.py:70
-    moe_experts_3 = moe_experts(linear_72_merged_1, W['model.layers.5.block_sparse_moe.experts.w13'], W['model.layers.5.block_sparse_moe.experts.w2'], topk_4_1, div_22, 'situ', 4.0, 25.0)  # models/moe_layer.py:76
-    rms_norm_23 = rms_norm(moe_experts_3, None, 1e-05)  # models/moe_layer.py:80
-    linear_74 = F.linear(rms_norm_23, W['model.layers.5.block_sparse_moe.routed_expert_up_proj.weight.normed'])  # models/moe_layer.py:80
-    gated_mlp_3 = gated_mlp(reshape_10, W['model.layers.5.block_sparse_moe.shared_experts.gate_up_proj.weight'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:46
-    linear_77 = F.linear(gated_mlp_3, W['model.layers.5.block_sparse_moe.shared_experts.down_proj.weight'])  # models/common.py:46
-    add_38 = rt.elementwise(ew2, (B*T, 256), torch.float32, linear_74, linear_77)  # models/moe_layer.py:82
-    view_66 = add_38.reshape((B, T, 256))  # models/moe_layer.py:83
+    rms_norm_22 = rms_norm(attn_res_mix_10, W['model.layers.5.post_attention_layernorm.weight'], 1e-05)  # models/common.py:31
+    reshape_10 = rms_norm_22.reshape((B*T, 256))  # models/moe_layer.py:95
+    linear_72_merged = F.linear(reshape_10, W['model.layers.5.block_sparse_moe.gate-routed_expert_down_proj.weight'])  # models/moe_layer.py:96
+    linear_72_merged_0, linear_72_merged_1 = torch.split(linear_72_merged, [8, 128], dim=1)  # models/moe_layer.py:96
+    sigmoid_29 = rt.elementwise(ew1, (B*T, 8), torch.float32, linear_72_merged_0)  # models/moe_layer.py:96
+    add_36 = rt.broadcast(ew3, (B*T, 8), torch.float32, sigmoid_29, W['model.layers.5.block_sparse_moe.gate.e_score_correction_bias'])  # models/moe_layer.py:97
+    topk_4_0, topk_4_1 = torch.topk(add_36, 2, dim=1)  # models/moe_layer.py:97
+    gather_4 = torch.gather(sigmoid_29, 1, topk_4_1)  # models/moe_layer.py:98
+    sum_15 = gather_4.sum(dim=(1,), keepdim=True)  # models/moe_layer.py:100
+    div_22 = rt.broadcast(ew4, (B*T, 2), torch.float32, sum_15, gather_4)  # models/moe_layer.py:100
+    moe_experts_3 = moe_experts(linear_72_merged_1, W['model.layers.5.block_sparse_moe.experts.w13'], W['model.layers.5.block_sparse_moe.experts.w2'], topk_4_1, div_22, 'situ', 4.0, 25.0)  # models/moe_layer.py:113
+    rms_norm_23 = rms_norm(moe_experts_3, None, 1e-05)  # models/moe_layer.py:117
+    linear_74 = F.linear(rms_norm_23, W['model.layers.5.block_sparse_moe.routed_expert_up_proj.weight.normed'])  # models/moe_layer.py:117
+    gated_mlp_3 = gated_mlp(reshape_10, W['model.layers.5.block_sparse_moe.shared_experts.gate_up_proj.weight'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:47
+    linear_77 = F.linear(gated_mlp_3, W['model.layers.5.block_sparse_moe.shared_experts.down_proj.weight'])  # models/common.py:47
+    add_38 = rt.elementwise(ew2, (B*T, 256), torch.float32, linear_74, linear_77)  # models/moe_layer.py:119
+    view_66 = add_38.reshape((B, T, 256))  # models/moe_layer.py:120
     add_39 = rt.elementwise(ew2, (B, T, 256), torch.float32, add_35, view_66)
     stack_11 = torch.stack([embedding, add_19, add_39], dim=0)
     attn_res_mix_11 = attn_res_mix(stack_11, W['model.layers.6.self_attention_res_proj.weight.reshape'], W['model.layers.6.self_attention_res_norm.weight'], 1e-05)
@@ -389,23 +389,23 @@ def prefill(W, input_ids):
     linear_85 = F.linear(reshape_11, W['model.layers.6.self_attn.o_proj.weight'])  # models/kda_layer.py:84
     stack_12 = torch.stack([embedding, add_19, add_39, linear_85], dim=0)
     attn_res_mix_12 = attn_res_mix(stack_12, W['model.layers.6.mlp_res_proj.weight.reshape'], W['model.layers.6.mlp_res_norm.weight'], 1e-05)
-    rms_norm_26 = rms_norm(attn_res_mix_12, W['model.layers.6.post_attention_layernorm.weight'], 1e-05)  # models/common.py:30
-    reshape_12 = rms_norm_26.reshape((B*T, 256))  # models/moe_layer.py:65
-    linear_86_merged = F.linear(reshape_12, W['model.layers.6.block_sparse_moe.gate-routed_expert_down_proj.weight'])  # models/moe_layer.py:66
-    linear_86_merged_0, linear_86_merged_1 = torch.split(linear_86_merged, [8, 128], dim=1)  # models/moe_layer.py:66
-    sigmoid_35 = rt.elementwise(ew1, (B*T, 8), torch.float32, linear_86_merged_0)  # models/moe_layer.py:66
-    add_43 = rt.broadcast(ew3, (B*T, 8), torch.float32, sigmoid_35, W['model.layers.6.block_sparse_moe.gate.e_score_correction_bias'])  # models/moe_layer.py:67
-    topk_5_0, topk_5_1 = torch.topk(add_43, 2, dim=1)  # models/moe_layer.py:67
-    gather_5 = torch.gather(sigmoid_35, 1, topk_5_1)  # models/moe_layer.py:68
-    sum_18 = gather_5.sum(dim=(1,), keepdim=True)  # models/moe_layer.py:70
-    div_27 = rt.broadcast(ew4, (B*T, 2), torch.float32, sum_18, gather_5)  # models/moe_layer.py:70
-    moe_experts_2 = moe_experts(linear_86_merged_1, W['model.layers.6.block_sparse_moe.experts.w13'], W['model.layers.6.block_sparse_moe.experts.w2'], topk_5_1, div_27, 'situ', 4.0, 25.0)  # models/moe_layer.py:76
-    rms_norm_27 = rms_norm(moe_experts_2, None, 1e-05)  # models/moe_layer.py:80
-    linear_88 = F.linear(rms_norm_27, W['model.layers.6.block_sparse_moe.routed_expert_up_proj.weight.normed'])  # models/moe_layer.py:80
-    gated_mlp_2 = gated_mlp(reshape_12, W['model.layers.6.block_sparse_moe.shared_experts.gate_up_proj.weight'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:46
-    linear_91 = F.linear(gated_mlp_2, W['model.layers.6.block_sparse_moe.shared_experts.down_proj.weight'])  # models/common.py:46
-    add_45 = rt.elementwise(ew2, (B*T, 256), torch.float32, linear_88, linear_91)  # models/moe_layer.py:82
-    view_79 = add_45.reshape((B, T, 256))  # models/moe_layer.py:83
+    rms_norm_26 = rms_norm(attn_res_mix_12, W['model.layers.6.post_attention_layernorm.weight'], 1e-05)  # models/common.py:31
+    reshape_12 = rms_norm_26.reshape((B*T, 256))  # models/moe_layer.py:95
+    linear_86_merged = F.linear(reshape_12, W['model.layers.6.block_sparse_moe.gate-routed_expert_down_proj.weight'])  # models/moe_layer.py:96
+    linear_86_merged_0, linear_86_merged_1 = torch.split(linear_86_merged, [8, 128], dim=1)  # models/moe_layer.py:96
+    sigmoid_35 = rt.elementwise(ew1, (B*T, 8), torch.float32, linear_86_merged_0)  # models/moe_layer.py:96
+    add_43 = rt.broadcast(ew3, (B*T, 8), torch.float32, sigmoid_35, W['model.layers.6.block_sparse_moe.gate.e_score_correction_bias'])  # models/moe_layer.py:97
+    topk_5_0, topk_5_1 = torch.topk(add_43, 2, dim=1)  # models/moe_layer.py:97
+    gather_5 = torch.gather(sigmoid_35, 1, topk_5_1)  # models/moe_layer.py:98
+    sum_18 = gather_5.sum(dim=(1,), keepdim=True)  # models/moe_layer.py:100
+    div_27 = rt.broadcast(ew4, (B*T, 2), torch.float32, sum_18, gather_5)  # models/moe_layer.py:100
+    moe_experts_2 = moe_experts(linear_86_merged_1, W['model.layers.6.block_sparse_moe.experts.w13'], W['model.layers.6.block_sparse_moe.experts.w2'], topk_5_1, div_27, 'situ', 4.0, 25.0)  # models/moe_layer.py:113
+    rms_norm_27 = rms_norm(moe_experts_2, None, 1e-05)  # models/moe_layer.py:117
+    linear_88 = F.linear(rms_norm_27, W['model.layers.6.block_sparse_moe.routed_expert_up_proj.weight.normed'])  # models/moe_layer.py:117
+    gated_mlp_2 = gated_mlp(reshape_12, W['model.layers.6.block_sparse_moe.shared_experts.gate_up_proj.weight'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:47
+    linear_91 = F.linear(gated_mlp_2, W['model.layers.6.block_sparse_moe.shared_experts.down_proj.weight'])  # models/common.py:47
+    add_45 = rt.elementwise(ew2, (B*T, 256), torch.float32, linear_88, linear_91)  # models/moe_layer.py:119
+    view_79 = add_45.reshape((B, T, 256))  # models/moe_layer.py:120
     add_46 = rt.elementwise(ew2, (B, T, 256), torch.float32, linear_85, view_79)
     stack_13 = torch.stack([embedding, add_19, add_39, add_46], dim=0)
     attn_res_mix_13 = attn_res_mix(stack_13, W['model.layers.7.self_attention_res_proj.weight.reshape'], W['model.layers.7.self_attention_res_norm.weight'], 1e-05)
@@ -416,7 +416,7 @@ def prefill(W, input_ids):
     linear_93 = F.linear(rms_norm_29, W['model.layers.7.self_attn.q_b_proj.weight.normed'])  # models/mla_layer.py:48
     view_81 = linear_93.reshape((B, T, 4, 48))  # models/mla_layer.py:49
     split_with_sizes_1_0, split_with_sizes_1_1 = torch.split(linear_92_merged_1, [32, 16], dim=2)  # models/mla_layer.py:50
-    rms_norm_30 = rms_norm(split_with_sizes_1_0, W['model.layers.7.self_attn.kv_a_layernorm.weight'], 1e-06)  # models/common.py:30
+    rms_norm_30 = rms_norm(split_with_sizes_1_0, W['model.layers.7.self_attn.kv_a_layernorm.weight'], 1e-06)  # models/common.py:31
     mla_attention_1 = mla_attention(view_81, rms_norm_30, split_with_sizes_1_1, W['model.layers.7.self_attn.kv_b_proj.weight'], 32, 0.14433756729740643)  # models/mla_layer.py:55
     reshape_13 = mla_attention_1.reshape((B, T, 128))  # models/mla_layer.py:56
     mul_95 = rt.elementwise(ew5, (B, T, 128), torch.float32, linear_92_merged_2, reshape_13)  # models/mla_layer.py:58
@@ -424,23 +424,23 @@ def prefill(W, input_ids):
     add_47 = rt.elementwise(ew2, (B, T, 256), torch.float32, add_46, linear_96)
     stack_14 = torch.stack([embedding, add_19, add_39, add_47], dim=0)
     attn_res_mix_14 = attn_res_mix(stack_14, W['model.layers.7.mlp_res_proj.weight.reshape'], W['model.layers.7.mlp_res_norm.weight'], 1e-05)
-    rms_norm_31 = rms_norm(attn_res_mix_14, W['model.layers.7.post_attention_layernorm.weight'], 1e-05)  # models/common.py:30
-    reshape_14 = rms_norm_31.reshape((B*T, 256))  # models/moe_layer.py:65
-    linear_97_merged = F.linear(reshape_14, W['model.layers.7.block_sparse_moe.gate-routed_expert_down_proj.weight'])  # models/moe_layer.py:66
-    linear_97_merged_0, linear_97_merged_1 = torch.split(linear_97_merged, [8, 128], dim=1)  # models/moe_layer.py:66
-    sigmoid_39 = rt.elementwise(ew1, (B*T, 8), torch.float32, linear_97_merged_0)  # models/moe_layer.py:66
-    add_48 = rt.broadcast(ew3, (B*T, 8), torch.float32, sigmoid_39, W['model.layers.7.block_sparse_moe.gate.e_score_correction_bias'])  # models/moe_layer.py:67
-    topk_6_0, topk_6_1 = torch.topk(add_48, 2, dim=1)  # models/moe_layer.py:67
-    gather_6 = torch.gather(sigmoid_39, 1, topk_6_1)  # models/moe_layer.py:68
-    sum_19 = gather_6.sum(dim=(1,), keepdim=True)  # models/moe_layer.py:70
-    div_32 = rt.broadcast(ew4, (B*T, 2), torch.float32, sum_19, gather_6)  # models/moe_layer.py:70
-    moe_experts_1 = moe_experts(linear_97_merged_1, W['model.layers.7.block_sparse_moe.experts.w13'], W['model.layers.7.block_sparse_moe.experts.w2'], topk_6_1, div_32, 'situ', 4.0, 25.0)  # models/moe_layer.py:76
-    rms_norm_32 = rms_norm(moe_experts_1, None, 1e-05)  # models/moe_layer.py:80
-    linear_99 = F.linear(rms_norm_32, W['model.layers.7.block_sparse_moe.routed_expert_up_proj.weight.normed'])  # models/moe_layer.py:80
-    gated_mlp_1 = gated_mlp(reshape_14, W['model.layers.7.block_sparse_moe.shared_experts.gate_up_proj.weight'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:46
-    linear_102 = F.linear(gated_mlp_1, W['model.layers.7.block_sparse_moe.shared_experts.down_proj.weight'])  # models/common.py:46
-    add_50 = rt.elementwise(ew2, (B*T, 256), torch.float32, linear_99, linear_102)  # models/moe_layer.py:82
-    view_83 = add_50.reshape((B, T, 256))  # models/moe_layer.py:83
+    rms_norm_31 = rms_norm(attn_res_mix_14, W['model.layers.7.post_attention_layernorm.weight'], 1e-05)  # models/common.py:31
+    reshape_14 = rms_norm_31.reshape((B*T, 256))  # models/moe_layer.py:95
+    linear_97_merged = F.linear(reshape_14, W['model.layers.7.block_sparse_moe.gate-routed_expert_down_proj.weight'])  # models/moe_layer.py:96
+    linear_97_merged_0, linear_97_merged_1 = torch.split(linear_97_merged, [8, 128], dim=1)  # models/moe_layer.py:96
+    sigmoid_39 = rt.elementwise(ew1, (B*T, 8), torch.float32, linear_97_merged_0)  # models/moe_layer.py:96
+    add_48 = rt.broadcast(ew3, (B*T, 8), torch.float32, sigmoid_39, W['model.layers.7.block_sparse_moe.gate.e_score_correction_bias'])  # models/moe_layer.py:97
+    topk_6_0, topk_6_1 = torch.topk(add_48, 2, dim=1)  # models/moe_layer.py:97
+    gather_6 = torch.gather(sigmoid_39, 1, topk_6_1)  # models/moe_layer.py:98
+    sum_19 = gather_6.sum(dim=(1,), keepdim=True)  # models/moe_layer.py:100
+    div_32 = rt.broadcast(ew4, (B*T, 2), torch.float32, sum_19, gather_6)  # models/moe_layer.py:100
+    moe_experts_1 = moe_experts(linear_97_merged_1, W['model.layers.7.block_sparse_moe.experts.w13'], W['model.layers.7.block_sparse_moe.experts.w2'], topk_6_1, div_32, 'situ', 4.0, 25.0)  # models/moe_layer.py:113
+    rms_norm_32 = rms_norm(moe_experts_1, None, 1e-05)  # models/moe_layer.py:117
+    linear_99 = F.linear(rms_norm_32, W['model.layers.7.block_sparse_moe.routed_expert_up_proj.weight.normed'])  # models/moe_layer.py:117
+    gated_mlp_1 = gated_mlp(reshape_14, W['model.layers.7.block_sparse_moe.shared_experts.gate_up_proj.weight'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:47
+    linear_102 = F.linear(gated_mlp_1, W['model.layers.7.block_sparse_moe.shared_experts.down_proj.weight'])  # models/common.py:47
+    add_50 = rt.elementwise(ew2, (B*T, 256), torch.float32, linear_99, linear_102)  # models/moe_layer.py:119
+    view_83 = add_50.reshape((B, T, 256))  # models/moe_layer.py:120
     add_51 = rt.elementwise(ew2, (B, T, 256), torch.float32, add_47, view_83)
     stack_15 = torch.stack([embedding, add_19, add_39, add_51], dim=0)
     attn_res_mix_15 = attn_res_mix(stack_15, W['model.layers.8.self_attention_res_proj.weight.reshape'], W['model.layers.8.self_attention_res_norm.weight'], 1e-05)
@@ -451,7 +451,7 @@ def prefill(W, input_ids):
     linear_104 = F.linear(rms_norm_34, W['model.layers.8.self_attn.q_b_proj.weight.normed'])  # models/mla_layer.py:48
     view_85 = linear_104.reshape((B, T, 4, 48))  # models/mla_layer.py:49
     split_with_sizes_2_0, split_with_sizes_2_1 = torch.split(linear_103_merged_1, [32, 16], dim=2)  # models/mla_layer.py:50
-    rms_norm_35 = rms_norm(split_with_sizes_2_0, W['model.layers.8.self_attn.kv_a_layernorm.weight'], 1e-06)  # models/common.py:30
+    rms_norm_35 = rms_norm(split_with_sizes_2_0, W['model.layers.8.self_attn.kv_a_layernorm.weight'], 1e-06)  # models/common.py:31
     mla_attention_2 = mla_attention(view_85, rms_norm_35, split_with_sizes_2_1, W['model.layers.8.self_attn.kv_b_proj.weight'], 32, 0.14433756729740643)  # models/mla_layer.py:55
     reshape_15 = mla_attention_2.reshape((B, T, 128))  # models/mla_layer.py:56
     mul_106 = rt.elementwise(ew5, (B, T, 128), torch.float32, linear_103_merged_2, reshape_15)  # models/mla_layer.py:58
@@ -459,26 +459,26 @@ def prefill(W, input_ids):
     add_52 = rt.elementwise(ew2, (B, T, 256), torch.float32, add_51, linear_107)
     stack_16 = torch.stack([embedding, add_19, add_39, add_52], dim=0)
     attn_res_mix_16 = attn_res_mix(stack_16, W['model.layers.8.mlp_res_proj.weight.reshape'], W['model.layers.8.mlp_res_norm.weight'], 1e-05)
-    rms_norm_36 = rms_norm(attn_res_mix_16, W['model.layers.8.post_attention_layernorm.weight'], 1e-05)  # models/common.py:30
-    reshape_16 = rms_norm_36.reshape((B*T, 256))  # models/moe_layer.py:65
-    linear_108_merged = F.linear(reshape_16, W['model.layers.8.block_sparse_moe.gate-routed_expert_down_proj.weight'])  # models/moe_layer.py:66
-    linear_108_merged_0, linear_108_merged_1 = torch.split(linear_108_merged, [8, 128], dim=1)  # models/moe_layer.py:66
-    sigmoid_43 = rt.elementwise(ew1, (B*T, 8), torch.float32, linear_108_merged_0)  # models/moe_layer.py:66
-    add_53 = rt.broadcast(ew3, (B*T, 8), torch.float32, sigmoid_43, W['model.layers.8.block_sparse_moe.gate.e_score_correction_bias'])  # models/moe_layer.py:67
-    topk_7_0, topk_7_1 = torch.topk(add_53, 2, dim=1)  # models/moe_layer.py:67
-    gather_7 = torch.gather(sigmoid_43, 1, topk_7_1)  # models/moe_layer.py:68
-    sum_20 = gather_7.sum(dim=(1,), keepdim=True)  # models/moe_layer.py:70
-    div_37 = rt.broadcast(ew4, (B*T, 2), torch.float32, sum_20, gather_7)  # models/moe_layer.py:70
-    moe_experts_ = moe_experts(linear_108_merged_1, W['model.layers.8.block_sparse_moe.experts.w13'], W['model.layers.8.block_sparse_moe.experts.w2'], topk_7_1, div_37, 'situ', 4.0, 25.0)  # models/moe_layer.py:76
-    rms_norm_37 = rms_norm(moe_experts_, None, 1e-05)  # models/moe_layer.py:80
-    linear_110 = F.linear(rms_norm_37, W['model.layers.8.block_sparse_moe.routed_expert_up_proj.weight.normed'])  # models/moe_layer.py:80
-    gated_mlp_ = gated_mlp(reshape_16, W['model.layers.8.block_sparse_moe.shared_experts.gate_up_proj.weight'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:46
-    linear_113 = F.linear(gated_mlp_, W['model.layers.8.block_sparse_moe.shared_experts.down_proj.weight'])  # models/common.py:46
-    add_55 = rt.elementwise(ew2, (B*T, 256), torch.float32, linear_110, linear_113)  # models/moe_layer.py:82
-    view_87 = add_55.reshape((B, T, 256))  # models/moe_layer.py:83
+    rms_norm_36 = rms_norm(attn_res_mix_16, W['model.layers.8.post_attention_layernorm.weight'], 1e-05)  # models/common.py:31
+    reshape_16 = rms_norm_36.reshape((B*T, 256))  # models/moe_layer.py:95
+    linear_108_merged = F.linear(reshape_16, W['model.layers.8.block_sparse_moe.gate-routed_expert_down_proj.weight'])  # models/moe_layer.py:96
+    linear_108_merged_0, linear_108_merged_1 = torch.split(linear_108_merged, [8, 128], dim=1)  # models/moe_layer.py:96
+    sigmoid_43 = rt.elementwise(ew1, (B*T, 8), torch.float32, linear_108_merged_0)  # models/moe_layer.py:96
+    add_53 = rt.broadcast(ew3, (B*T, 8), torch.float32, sigmoid_43, W['model.layers.8.block_sparse_moe.gate.e_score_correction_bias'])  # models/moe_layer.py:97
+    topk_7_0, topk_7_1 = torch.topk(add_53, 2, dim=1)  # models/moe_layer.py:97
+    gather_7 = torch.gather(sigmoid_43, 1, topk_7_1)  # models/moe_layer.py:98
+    sum_20 = gather_7.sum(dim=(1,), keepdim=True)  # models/moe_layer.py:100
+    div_37 = rt.broadcast(ew4, (B*T, 2), torch.float32, sum_20, gather_7)  # models/moe_layer.py:100
+    moe_experts_ = moe_experts(linear_108_merged_1, W['model.layers.8.block_sparse_moe.experts.w13'], W['model.layers.8.block_sparse_moe.experts.w2'], topk_7_1, div_37, 'situ', 4.0, 25.0)  # models/moe_layer.py:113
+    rms_norm_37 = rms_norm(moe_experts_, None, 1e-05)  # models/moe_layer.py:117
+    linear_110 = F.linear(rms_norm_37, W['model.layers.8.block_sparse_moe.routed_expert_up_proj.weight.normed'])  # models/moe_layer.py:117
+    gated_mlp_ = gated_mlp(reshape_16, W['model.layers.8.block_sparse_moe.shared_experts.gate_up_proj.weight'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:47
+    linear_113 = F.linear(gated_mlp_, W['model.layers.8.block_sparse_moe.shared_experts.down_proj.weight'])  # models/common.py:47
+    add_55 = rt.elementwise(ew2, (B*T, 256), torch.float32, linear_110, linear_113)  # models/moe_layer.py:119
+    view_87 = add_55.reshape((B, T, 256))  # models/moe_layer.py:120
     add_56 = rt.elementwise(ew2, (B, T, 256), torch.float32, add_52, view_87)
     stack_17 = torch.stack([embedding, add_19, add_39, add_56], dim=0)
-    attn_res_mix_17 = attn_res_mix(stack_17, W['model.attn_res_proj.weight.reshape'], W['model.attn_res_norm.weight'], 1e-05)
+    attn_res_mix_17 = attn_res_mix(stack_17, W['model.output_attn_res_proj.weight.reshape'], W['model.output_attn_res_norm.weight'], 1e-05)
     rms_norm_38 = rms_norm(attn_res_mix_17, None, 1e-05)
     linear_114 = F.linear(rms_norm_38, W['lm_head.weight.normed'])
     return [linear_114, kda_state_out, short_conv_1, short_conv_1_1, short_conv_2_1, kda_1_state_out, short_conv_3_1, short_conv_4_1, short_conv_5_1, kda_2_state_out, short_conv_6_1, short_conv_7_1, short_conv_8_1, rms_norm_13, split_with_sizes_1, kda_3_state_out, short_conv_9_1, short_conv_10_1, short_conv_11_1, kda_4_state_out, short_conv_12_1, short_conv_13_1, short_conv_14_1, kda_5_state_out, short_conv_15_1, short_conv_16_1, short_conv_17_1, rms_norm_30, split_with_sizes_1_1, rms_norm_35, split_with_sizes_2_1]
@@ -512,9 +512,9 @@ def decode(W, input_ids, layers_0_S, layers_0_conv_q, layers_0_conv_k, layers_0_
     linear_7 = F.linear(reshape, W['model.layers.0.self_attn.o_proj.weight'])  # models/kda_layer.py:84
     stack = torch.stack([embedding, linear_7], dim=0)
     attn_res_mix_ = attn_res_mix(stack, W['model.layers.0.mlp_res_proj.weight.reshape'], W['model.layers.0.mlp_res_norm.weight'], 1e-05)
-    rms_norm_2 = rms_norm(attn_res_mix_, None, 1e-05)  # models/common.py:46
-    gated_mlp_8 = gated_mlp(rms_norm_2, W['model.layers.0.mlp.gate_up_proj.weight.normed'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:46
-    linear_10 = F.linear(gated_mlp_8, W['model.layers.0.mlp.down_proj.weight'])  # models/common.py:46
+    rms_norm_2 = rms_norm(attn_res_mix_, None, 1e-05)  # models/common.py:47
+    gated_mlp_8 = gated_mlp(rms_norm_2, W['model.layers.0.mlp.gate_up_proj.weight.normed'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:47
+    linear_10 = F.linear(gated_mlp_8, W['model.layers.0.mlp.down_proj.weight'])  # models/common.py:47
     add_3 = rt.elementwise(ew2, (B, 1, 256), torch.float32, linear_7, linear_10)
     stack_1 = torch.stack([embedding, add_3], dim=0)
     attn_res_mix_1 = attn_res_mix(stack_1, W['model.layers.1.self_attention_res_proj.weight.reshape'], W['model.layers.1.self_attention_res_norm.weight'], 1e-05)
@@ -541,23 +541,23 @@ def decode(W, input_ids, layers_0_S, layers_0_conv_q, layers_0_conv_k, layers_0_
     add_7 = rt.elementwise(ew2, (B, 1, 256), torch.float32, add_3, linear_18)
     stack_2 = torch.stack([embedding, add_7], dim=0)
     attn_res_mix_2 = attn_res_mix(stack_2, W['model.layers.1.mlp_res_proj.weight.reshape'], W['model.layers.1.mlp_res_norm.weight'], 1e-05)
-    rms_norm_5 = rms_norm(attn_res_mix_2, W['model.layers.1.post_attention_layernorm.weight'], 1e-05)  # models/common.py:30
-    reshape_2 = rms_norm_5.reshape((B, 256))  # models/moe_layer.py:65
-    linear_19_merged = F.linear(reshape_2, W['model.layers.1.block_sparse_moe.gate-routed_expert_down_proj.weight'])  # models/moe_layer.py:66
-    linear_19_merged_0, linear_19_merged_1 = torch.split(linear_19_merged, [8, 128], dim=1)  # models/moe_layer.py:66
-    sigmoid_7 = rt.elementwise(ew1, (B, 8), torch.float32, linear_19_merged_0)  # models/moe_layer.py:66
-    add_8 = rt.broadcast(ew3, (B, 8), torch.float32, sigmoid_7, W['model.layers.1.block_sparse_moe.gate.e_score_correction_bias'])  # models/moe_layer.py:67
-    topk_0, topk_1 = torch.topk(add_8, 2, dim=1)  # models/moe_layer.py:67
-    gather = torch.gather(sigmoid_7, 1, topk_1)  # models/moe_layer.py:68
-    sum_5 = gather.sum(dim=(1,), keepdim=True)  # models/moe_layer.py:70
-    div_2 = rt.broadcast(ew4, (B, 2), torch.float32, sum_5, gather)  # models/moe_layer.py:70
-    moe_experts_7 = moe_experts(linear_19_merged_1, W['model.layers.1.block_sparse_moe.experts.w13'], W['model.layers.1.block_sparse_moe.experts.w2'], topk_1, div_2, 'situ', 4.0, 25.0)  # models/moe_layer.py:76
-    rms_norm_6 = rms_norm(moe_experts_7, None, 1e-05)  # models/moe_layer.py:80
-    linear_21 = F.linear(rms_norm_6, W['model.layers.1.block_sparse_moe.routed_expert_up_proj.weight.normed'])  # models/moe_layer.py:80
-    gated_mlp_7 = gated_mlp(reshape_2, W['model.layers.1.block_sparse_moe.shared_experts.gate_up_proj.weight'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:46
-    linear_24 = F.linear(gated_mlp_7, W['model.layers.1.block_sparse_moe.shared_experts.down_proj.weight'])  # models/common.py:46
-    add_10 = rt.elementwise(ew2, (B, 256), torch.float32, linear_21, linear_24)  # models/moe_layer.py:82
-    view_23 = add_10.reshape((B, 1, 256))  # models/moe_layer.py:83
+    rms_norm_5 = rms_norm(attn_res_mix_2, W['model.layers.1.post_attention_layernorm.weight'], 1e-05)  # models/common.py:31
+    reshape_2 = rms_norm_5.reshape((B, 256))  # models/moe_layer.py:95
+    linear_19_merged = F.linear(reshape_2, W['model.layers.1.block_sparse_moe.gate-routed_expert_down_proj.weight'])  # models/moe_layer.py:96
+    linear_19_merged_0, linear_19_merged_1 = torch.split(linear_19_merged, [8, 128], dim=1)  # models/moe_layer.py:96
+    sigmoid_7 = rt.elementwise(ew1, (B, 8), torch.float32, linear_19_merged_0)  # models/moe_layer.py:96
+    add_8 = rt.broadcast(ew3, (B, 8), torch.float32, sigmoid_7, W['model.layers.1.block_sparse_moe.gate.e_score_correction_bias'])  # models/moe_layer.py:97
+    topk_0, topk_1 = torch.topk(add_8, 2, dim=1)  # models/moe_layer.py:97
+    gather = torch.gather(sigmoid_7, 1, topk_1)  # models/moe_layer.py:98
+    sum_5 = gather.sum(dim=(1,), keepdim=True)  # models/moe_layer.py:100
+    div_2 = rt.broadcast(ew4, (B, 2), torch.float32, sum_5, gather)  # models/moe_layer.py:100
+    moe_experts_7 = moe_experts(linear_19_merged_1, W['model.layers.1.block_sparse_moe.experts.w13'], W['model.layers.1.block_sparse_moe.experts.w2'], topk_1, div_2, 'situ', 4.0, 25.0)  # models/moe_layer.py:113
+    rms_norm_6 = rms_norm(moe_experts_7, None, 1e-05)  # models/moe_layer.py:117
+    linear_21 = F.linear(rms_norm_6, W['model.layers.1.block_sparse_moe.routed_expert_up_proj.weight.normed'])  # models/moe_layer.py:117
+    gated_mlp_7 = gated_mlp(reshape_2, W['model.layers.1.block_sparse_moe.shared_experts.gate_up_proj.weight'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:47
+    linear_24 = F.linear(gated_mlp_7, W['model.layers.1.block_sparse_moe.shared_experts.down_proj.weight'])  # models/common.py:47
+    add_10 = rt.elementwise(ew2, (B, 256), torch.float32, linear_21, linear_24)  # models/moe_layer.py:119
+    view_23 = add_10.reshape((B, 1, 256))  # models/moe_layer.py:120
     add_11 = rt.elementwise(ew2, (B, 1, 256), torch.float32, add_7, view_23)
     stack_3 = torch.stack([embedding, add_11], dim=0)
     attn_res_mix_3 = attn_res_mix(stack_3, W['model.layers.2.self_attention_res_proj.weight.reshape'], W['model.layers.2.self_attention_res_norm.weight'], 1e-05)
@@ -584,23 +584,23 @@ def decode(W, input_ids, layers_0_S, layers_0_conv_q, layers_0_conv_k, layers_0_
     add_15 = rt.elementwise(ew2, (B, 1, 256), torch.float32, add_11, linear_32)
     stack_4 = torch.stack([embedding, add_15], dim=0)
     attn_res_mix_4 = attn_res_mix(stack_4, W['model.layers.2.mlp_res_proj.weight.reshape'], W['model.layers.2.mlp_res_norm.weight'], 1e-05)
-    rms_norm_9 = rms_norm(attn_res_mix_4, W['model.layers.2.post_attention_layernorm.weight'], 1e-05)  # models/common.py:30
-    reshape_4 = rms_norm_9.reshape((B, 256))  # models/moe_layer.py:65
-    linear_33_merged = F.linear(reshape_4, W['model.layers.2.block_sparse_moe.gate-routed_expert_down_proj.weight'])  # models/moe_layer.py:66
-    linear_33_merged_0, linear_33_merged_1 = torch.split(linear_33_merged, [8, 128], dim=1)  # models/moe_layer.py:66
-    sigmoid_13 = rt.elementwise(ew1, (B, 8), torch.float32, linear_33_merged_0)  # models/moe_layer.py:66
-    add_16 = rt.broadcast(ew3, (B, 8), torch.float32, sigmoid_13, W['model.layers.2.block_sparse_moe.gate.e_score_correction_bias'])  # models/moe_layer.py:67
-    topk_1_0, topk_1_1 = torch.topk(add_16, 2, dim=1)  # models/moe_layer.py:67
-    gather_1 = torch.gather(sigmoid_13, 1, topk_1_1)  # models/moe_layer.py:68
-    sum_8 = gather_1.sum(dim=(1,), keepdim=True)  # models/moe_layer.py:70
-    div_7 = rt.broadcast(ew4, (B, 2), torch.float32, sum_8, gather_1)  # models/moe_layer.py:70
-    moe_experts_6 = moe_experts(linear_33_merged_1, W['model.layers.2.block_sparse_moe.experts.w13'], W['model.layers.2.block_sparse_moe.experts.w2'], topk_1_1, div_7, 'situ', 4.0, 25.0)  # models/moe_layer.py:76
-    rms_norm_10 = rms_norm(moe_experts_6, None, 1e-05)  # models/moe_layer.py:80
-    linear_35 = F.linear(rms_norm_10, W['model.layers.2.block_sparse_moe.routed_expert_up_proj.weight.normed'])  # models/moe_layer.py:80
-    gated_mlp_6 = gated_mlp(reshape_4, W['model.layers.2.block_sparse_moe.shared_experts.gate_up_proj.weight'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:46
-    linear_38 = F.linear(gated_mlp_6, W['model.layers.2.block_sparse_moe.shared_experts.down_proj.weight'])  # models/common.py:46
-    add_18 = rt.elementwise(ew2, (B, 256), torch.float32, linear_35, linear_38)  # models/moe_layer.py:82
-    view_36 = add_18.reshape((B, 1, 256))  # models/moe_layer.py:83
+    rms_norm_9 = rms_norm(attn_res_mix_4, W['model.layers.2.post_attention_layernorm.weight'], 1e-05)  # models/common.py:31
+    reshape_4 = rms_norm_9.reshape((B, 256))  # models/moe_layer.py:95
+    linear_33_merged = F.linear(reshape_4, W['model.layers.2.block_sparse_moe.gate-routed_expert_down_proj.weight'])  # models/moe_layer.py:96
+    linear_33_merged_0, linear_33_merged_1 = torch.split(linear_33_merged, [8, 128], dim=1)  # models/moe_layer.py:96
+    sigmoid_13 = rt.elementwise(ew1, (B, 8), torch.float32, linear_33_merged_0)  # models/moe_layer.py:96
+    add_16 = rt.broadcast(ew3, (B, 8), torch.float32, sigmoid_13, W['model.layers.2.block_sparse_moe.gate.e_score_correction_bias'])  # models/moe_layer.py:97
+    topk_1_0, topk_1_1 = torch.topk(add_16, 2, dim=1)  # models/moe_layer.py:97
+    gather_1 = torch.gather(sigmoid_13, 1, topk_1_1)  # models/moe_layer.py:98
+    sum_8 = gather_1.sum(dim=(1,), keepdim=True)  # models/moe_layer.py:100
+    div_7 = rt.broadcast(ew4, (B, 2), torch.float32, sum_8, gather_1)  # models/moe_layer.py:100
+    moe_experts_6 = moe_experts(linear_33_merged_1, W['model.layers.2.block_sparse_moe.experts.w13'], W['model.layers.2.block_sparse_moe.experts.w2'], topk_1_1, div_7, 'situ', 4.0, 25.0)  # models/moe_layer.py:113
+    rms_norm_10 = rms_norm(moe_experts_6, None, 1e-05)  # models/moe_layer.py:117
+    linear_35 = F.linear(rms_norm_10, W['model.layers.2.block_sparse_moe.routed_expert_up_proj.weight.normed'])  # models/moe_layer.py:117
+    gated_mlp_6 = gated_mlp(reshape_4, W['model.layers.2.block_sparse_moe.shared_experts.gate_up_proj.weight'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:47
+    linear_38 = F.linear(gated_mlp_6, W['model.layers.2.block_sparse_moe.shared_experts.down_proj.weight'])  # models/common.py:47
+    add_18 = rt.elementwise(ew2, (B, 256), torch.float32, linear_35, linear_38)  # models/moe_layer.py:119
+    view_36 = add_18.reshape((B, 1, 256))  # models/moe_layer.py:120
     add_19 = rt.elementwise(ew2, (B, 1, 256), torch.float32, add_15, view_36)
     stack_5 = torch.stack([embedding, add_19], dim=0)
     attn_res_mix_5 = attn_res_mix(stack_5, W['model.layers.3.self_attention_res_proj.weight.reshape'], W['model.layers.3.self_attention_res_norm.weight'], 1e-05)
@@ -611,7 +611,7 @@ def decode(W, input_ids, layers_0_S, layers_0_conv_q, layers_0_conv_k, layers_0_
     linear_40 = F.linear(rms_norm_12, W['model.layers.3.self_attn.q_b_proj.weight.normed'])  # models/mla_layer.py:48
     view_38 = linear_40.reshape((B, 1, 4, 48))  # models/mla_layer.py:49
     split_with_sizes_0, split_with_sizes_1 = torch.split(linear_39_merged_1, [32, 16], dim=2)  # models/mla_layer.py:50
-    rms_norm_13 = rms_norm(split_with_sizes_0, W['model.layers.3.self_attn.kv_a_layernorm.weight'], 1e-06)  # models/common.py:30
+    rms_norm_13 = rms_norm(split_with_sizes_0, W['model.layers.3.self_attn.kv_a_layernorm.weight'], 1e-06)  # models/common.py:31
     cat = torch.cat([layers_3_ckv, rms_norm_13], dim=1)  # models/mla_layer.py:53
     cat_1 = torch.cat([layers_3_krope, split_with_sizes_1], dim=1)  # models/mla_layer.py:54
     mla_attention_ = mla_attention_absorbed(view_38, cat, cat_1, W['model.layers.3.self_attn.kv_b_proj.w_uk'], W['model.layers.3.self_attn.kv_b_proj.w_uv'], 0.14433756729740643)  # models/mla_layer.py:55
@@ -620,23 +620,23 @@ def decode(W, input_ids, layers_0_S, layers_0_conv_q, layers_0_conv_k, layers_0_
     linear_43 = F.linear(mul_37, W['model.layers.3.self_attn.o_proj.weight'])  # models/mla_layer.py:59
     stack_6 = torch.stack([embedding, add_19, linear_43], dim=0)
     attn_res_mix_6 = attn_res_mix(stack_6, W['model.layers.3.mlp_res_proj.weight.reshape'], W['model.layers.3.mlp_res_norm.weight'], 1e-05)
-    rms_norm_14 = rms_norm(attn_res_mix_6, W['model.layers.3.post_attention_layernorm.weight'], 1e-05)  # models/common.py:30
-    reshape_6 = rms_norm_14.reshape((B, 256))  # models/moe_layer.py:65
-    linear_44_merged = F.linear(reshape_6, W['model.layers.3.block_sparse_moe.gate-routed_expert_down_proj.weight'])  # models/moe_layer.py:66
-    linear_44_merged_0, linear_44_merged_1 = torch.split(linear_44_merged, [8, 128], dim=1)  # models/moe_layer.py:66
-    sigmoid_17 = rt.elementwise(ew1, (B, 8), torch.float32, linear_44_merged_0)  # models/moe_layer.py:66
-    add_20 = rt.broadcast(ew3, (B, 8), torch.float32, sigmoid_17, W['model.layers.3.block_sparse_moe.gate.e_score_correction_bias'])  # models/moe_layer.py:67
-    topk_2_0, topk_2_1 = torch.topk(add_20, 2, dim=1)  # models/moe_layer.py:67
-    gather_2 = torch.gather(sigmoid_17, 1, topk_2_1)  # models/moe_layer.py:68
-    sum_9 = gather_2.sum(dim=(1,), keepdim=True)  # models/moe_layer.py:70
-    div_12 = rt.broadcast(ew4, (B, 2), torch.float32, sum_9, gather_2)  # models/moe_layer.py:70
-    moe_experts_5 = moe_experts(linear_44_merged_1, W['model.layers.3.block_sparse_moe.experts.w13'], W['model.layers.3.block_sparse_moe.experts.w2'], topk_2_1, div_12, 'situ', 4.0, 25.0)  # models/moe_layer.py:76
-    rms_norm_15 = rms_norm(moe_experts_5, None, 1e-05)  # models/moe_layer.py:80
-    linear_46 = F.linear(rms_norm_15, W['model.layers.3.block_sparse_moe.routed_expert_up_proj.weight.normed'])  # models/moe_layer.py:80
-    gated_mlp_5 = gated_mlp(reshape_6, W['model.layers.3.block_sparse_moe.shared_experts.gate_up_proj.weight'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:46
-    linear_49 = F.linear(gated_mlp_5, W['model.layers.3.block_sparse_moe.shared_experts.down_proj.weight'])  # models/common.py:46
-    add_22 = rt.elementwise(ew2, (B, 256), torch.float32, linear_46, linear_49)  # models/moe_layer.py:82
-    view_40 = add_22.reshape((B, 1, 256))  # models/moe_layer.py:83
+    rms_norm_14 = rms_norm(attn_res_mix_6, W['model.layers.3.post_attention_layernorm.weight'], 1e-05)  # models/common.py:31
+    reshape_6 = rms_norm_14.reshape((B, 256))  # models/moe_layer.py:95
+    linear_44_merged = F.linear(reshape_6, W['model.layers.3.block_sparse_moe.gate-routed_expert_down_proj.weight'])  # models/moe_layer.py:96
+    linear_44_merged_0, linear_44_merged_1 = torch.split(linear_44_merged, [8, 128], dim=1)  # models/moe_layer.py:96
+    sigmoid_17 = rt.elementwise(ew1, (B, 8), torch.float32, linear_44_merged_0)  # models/moe_layer.py:96
+    add_20 = rt.broadcast(ew3, (B, 8), torch.float32, sigmoid_17, W['model.layers.3.block_sparse_moe.gate.e_score_correction_bias'])  # models/moe_layer.py:97
+    topk_2_0, topk_2_1 = torch.topk(add_20, 2, dim=1)  # models/moe_layer.py:97
+    gather_2 = torch.gather(sigmoid_17, 1, topk_2_1)  # models/moe_layer.py:98
+    sum_9 = gather_2.sum(dim=(1,), keepdim=True)  # models/moe_layer.py:100
+    div_12 = rt.broadcast(ew4, (B, 2), torch.float32, sum_9, gather_2)  # models/moe_layer.py:100
+    moe_experts_5 = moe_experts(linear_44_merged_1, W['model.layers.3.block_sparse_moe.experts.w13'], W['model.layers.3.block_sparse_moe.experts.w2'], topk_2_1, div_12, 'situ', 4.0, 25.0)  # models/moe_layer.py:113
+    rms_norm_15 = rms_norm(moe_experts_5, None, 1e-05)  # models/moe_layer.py:117
+    linear_46 = F.linear(rms_norm_15, W['model.layers.3.block_sparse_moe.routed_expert_up_proj.weight.normed'])  # models/moe_layer.py:117
+    gated_mlp_5 = gated_mlp(reshape_6, W['model.layers.3.block_sparse_moe.shared_experts.gate_up_proj.weight'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:47
+    linear_49 = F.linear(gated_mlp_5, W['model.layers.3.block_sparse_moe.shared_experts.down_proj.weight'])  # models/common.py:47
+    add_22 = rt.elementwise(ew2, (B, 256), torch.float32, linear_46, linear_49)  # models/moe_layer.py:119
+    view_40 = add_22.reshape((B, 1, 256))  # models/moe_layer.py:120
     add_23 = rt.elementwise(ew2, (B, 1, 256), torch.float32, linear_43, view_40)
     stack_7 = torch.stack([embedding, add_19, add_23], dim=0)
     attn_res_mix_7 = attn_res_mix(stack_7, W['model.layers.4.self_attention_res_proj.weight.reshape'], W['model.layers.4.self_attention_res_norm.weight'], 1e-05)
@@ -663,23 +663,23 @@ def decode(W, input_ids, layers_0_S, layers_0_conv_q, layers_0_conv_k, layers_0_
     add_27 = rt.elementwise(ew2, (B, 1, 256), torch.float32, add_23, linear_57)
     stack_8 = torch.stack([embedding, add_19, add_27], dim=0)
     attn_res_mix_8 = attn_res_mix(stack_8, W['model.layers.4.mlp_res_proj.weight.reshape'], W['model.layers.4.mlp_res_norm.weight'], 1e-05)
-    rms_norm_18 = rms_norm(attn_res_mix_8, W['model.layers.4.post_attention_layernorm.weight'], 1e-05)  # models/common.py:30
-    reshape_8 = rms_norm_18.reshape((B, 256))  # models/moe_layer.py:65
-    linear_58_merged = F.linear(reshape_8, W['model.layers.4.block_sparse_moe.gate-routed_expert_down_proj.weight'])  # models/moe_layer.py:66
-    linear_58_merged_0, linear_58_merged_1 = torch.split(linear_58_merged, [8, 128], dim=1)  # models/moe_layer.py:66
-    sigmoid_23 = rt.elementwise(ew1, (B, 8), torch.float32, linear_58_merged_0)  # models/moe_layer.py:66
-    add_28 = rt.broadcast(ew3, (B, 8), torch.float32, sigmoid_23, W['model.layers.4.block_sparse_moe.gate.e_score_correction_bias'])  # models/moe_layer.py:67
-    topk_3_0, topk_3_1 = torch.topk(add_28, 2, dim=1)  # models/moe_layer.py:67
-    gather_3 = torch.gather(sigmoid_23, 1, topk_3_1)  # models/moe_layer.py:68
-    sum_12 = gather_3.sum(dim=(1,), keepdim=True)  # models/moe_layer.py:70
-    div_17 = rt.broadcast(ew4, (B, 2), torch.float32, sum_12, gather_3)  # models/moe_layer.py:70
-    moe_experts_4 = moe_experts(linear_58_merged_1, W['model.layers.4.block_sparse_moe.experts.w13'], W['model.layers.4.block_sparse_moe.experts.w2'], topk_3_1, div_17, 'situ', 4.0, 25.0)  # models/moe_layer.py:76
-    rms_norm_19 = rms_norm(moe_experts_4, None, 1e-05)  # models/moe_layer.py:80
-    linear_60 = F.linear(rms_norm_19, W['model.layers.4.block_sparse_moe.routed_expert_up_proj.weight.normed'])  # models/moe_layer.py:80
-    gated_mlp_4 = gated_mlp(reshape_8, W['model.layers.4.block_sparse_moe.shared_experts.gate_up_proj.weight'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:46
-    linear_63 = F.linear(gated_mlp_4, W['model.layers.4.block_sparse_moe.shared_experts.down_proj.weight'])  # models/common.py:46
-    add_30 = rt.elementwise(ew2, (B, 256), torch.float32, linear_60, linear_63)  # models/moe_layer.py:82
-    view_53 = add_30.reshape((B, 1, 256))  # models/moe_layer.py:83
+    rms_norm_18 = rms_norm(attn_res_mix_8, W['model.layers.4.post_attention_layernorm.weight'], 1e-05)  # models/common.py:31
+    reshape_8 = rms_norm_18.reshape((B, 256))  # models/moe_layer.py:95
+    linear_58_merged = F.linear(reshape_8, W['model.layers.4.block_sparse_moe.gate-routed_expert_down_proj.weight'])  # models/moe_layer.py:96
+    linear_58_merged_0, linear_58_merged_1 = torch.split(linear_58_merged, [8, 128], dim=1)  # models/moe_layer.py:96
+    sigmoid_23 = rt.elementwise(ew1, (B, 8), torch.float32, linear_58_merged_0)  # models/moe_layer.py:96
+    add_28 = rt.broadcast(ew3, (B, 8), torch.float32, sigmoid_23, W['model.layers.4.block_sparse_moe.gate.e_score_correction_bias'])  # models/moe_layer.py:97
+    topk_3_0, topk_3_1 = torch.topk(add_28, 2, dim=1)  # models/moe_layer.py:97
+    gather_3 = torch.gather(sigmoid_23, 1, topk_3_1)  # models/moe_layer.py:98
+    sum_12 = gather_3.sum(dim=(1,), keepdim=True)  # models/moe_layer.py:100
+    div_17 = rt.broadcast(ew4, (B, 2), torch.float32, sum_12, gather_3)  # models/moe_layer.py:100
+    moe_experts_4 = moe_experts(linear_58_merged_1, W['model.layers.4.block_sparse_moe.experts.w13'], W['model.layers.4.block_sparse_moe.experts.w2'], topk_3_1, div_17, 'situ', 4.0, 25.0)  # models/moe_layer.py:113
+    rms_norm_19 = rms_norm(moe_experts_4, None, 1e-05)  # models/moe_layer.py:117
+    linear_60 = F.linear(rms_norm_19, W['model.layers.4.block_sparse_moe.routed_expert_up_proj.weight.normed'])  # models/moe_layer.py:117
+    gated_mlp_4 = gated_mlp(reshape_8, W['model.layers.4.block_sparse_moe.shared_experts.gate_up_proj.weight'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:47
+    linear_63 = F.linear(gated_mlp_4, W['model.layers.4.block_sparse_moe.shared_experts.down_proj.weight'])  # models/common.py:47
+    add_30 = rt.elementwise(ew2, (B, 256), torch.float32, linear_60, linear_63)  # models/moe_layer.py:119
+    view_53 = add_30.reshape((B, 1, 256))  # models/moe_layer.py:120
     add_31 = rt.elementwise(ew2, (B, 1, 256), torch.float32, add_27, view_53)
     stack_9 = torch.stack([embedding, add_19, add_31], dim=0)
     attn_res_mix_9 = attn_res_mix(stack_9, W['model.layers.5.self_attention_res_proj.weight.reshape'], W['model.layers.5.self_attention_res_norm.weight'], 1e-05)
@@ -706,23 +706,23 @@ def decode(W, input_ids, layers_0_S, layers_0_conv_q, layers_0_conv_k, layers_0_
     add_35 = rt.elementwise(ew2, (B, 1, 256), torch.float32, add_31, linear_71)
     stack_10 = torch.stack([embedding, add_19, add_35], dim=0)
     attn_res_mix_10 = attn_res_mix(stack_10, W['model.layers.5.mlp_res_proj.weight.reshape'], W['model.layers.5.mlp_res_norm.weight'], 1e-05)
-    rms_norm_22 = rms_norm(attn_res_mix_10, W['model.layers.5.post_attention_layernorm.weight'], 1e-05)  # models/common.py:30
-    reshape_10 = rms_norm_22.reshape((B, 256))  # models/moe_layer.py:65
-    linear_72_merged = F.linear(reshape_10, W['model.layers.5.block_sparse_moe.gate-routed_expert_down_proj.weight'])  # models/moe_layer.py:66
-    linear_72_merged_0, linear_72_merged_1 = torch.split(linear_72_merged, [8, 128], dim=1)  # models/moe_layer.py:66
-    sigmoid_29 = rt.elementwise(ew1, (B, 8), torch.float32, linear_72_merged_0)  # models/moe_layer.py:66
-    add_36 = rt.broadcast(ew3, (B, 8), torch.float32, sigmoid_29, W['model.layers.5.block_sparse_moe.gate.e_score_correction_bias'])  # models/moe_layer.py:67
-    topk_4_0, topk_4_1 = torch.topk(add_36, 2, dim=1)  # models/moe_layer.py:67
-    gather_4 = torch.gather(sigmoid_29, 1, topk_4_1)  # models/moe_layer.py:68
-    sum_15 = gather_4.sum(dim=(1,), keepdim=True)  # models/moe_layer.py:70
-    div_22 = rt.broadcast(ew4, (B, 2), torch.float32, sum_15, gather_4)  # models/moe_layer.py:70
-    moe_experts_3 = moe_experts(linear_72_merged_1, W['model.layers.5.block_sparse_moe.experts.w13'], W['model.layers.5.block_sparse_moe.experts.w2'], topk_4_1, div_22, 'situ', 4.0, 25.0)  # models/moe_layer.py:76
-    rms_norm_23 = rms_norm(moe_experts_3, None, 1e-05)  # models/moe_layer.py:80
-    linear_74 = F.linear(rms_norm_23, W['model.layers.5.block_sparse_moe.routed_expert_up_proj.weight.normed'])  # models/moe_layer.py:80
-    gated_mlp_3 = gated_mlp(reshape_10, W['model.layers.5.block_sparse_moe.shared_experts.gate_up_proj.weight'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:46
-    linear_77 = F.linear(gated_mlp_3, W['model.layers.5.block_sparse_moe.shared_experts.down_proj.weight'])  # models/common.py:46
-    add_38 = rt.elementwise(ew2, (B, 256), torch.float32, linear_74, linear_77)  # models/moe_layer.py:82
-    view_66 = add_38.reshape((B, 1, 256))  # models/moe_layer.py:83
+    rms_norm_22 = rms_norm(attn_res_mix_10, W['model.layers.5.post_attention_layernorm.weight'], 1e-05)  # models/common.py:31
+    reshape_10 = rms_norm_22.reshape((B, 256))  # models/moe_layer.py:95
+    linear_72_merged = F.linear(reshape_10, W['model.layers.5.block_sparse_moe.gate-routed_expert_down_proj.weight'])  # models/moe_layer.py:96
+    linear_72_merged_0, linear_72_merged_1 = torch.split(linear_72_merged, [8, 128], dim=1)  # models/moe_layer.py:96
+    sigmoid_29 = rt.elementwise(ew1, (B, 8), torch.float32, linear_72_merged_0)  # models/moe_layer.py:96
+    add_36 = rt.broadcast(ew3, (B, 8), torch.float32, sigmoid_29, W['model.layers.5.block_sparse_moe.gate.e_score_correction_bias'])  # models/moe_layer.py:97
+    topk_4_0, topk_4_1 = torch.topk(add_36, 2, dim=1)  # models/moe_layer.py:97
+    gather_4 = torch.gather(sigmoid_29, 1, topk_4_1)  # models/moe_layer.py:98
+    sum_15 = gather_4.sum(dim=(1,), keepdim=True)  # models/moe_layer.py:100
+    div_22 = rt.broadcast(ew4, (B, 2), torch.float32, sum_15, gather_4)  # models/moe_layer.py:100
+    moe_experts_3 = moe_experts(linear_72_merged_1, W['model.layers.5.block_sparse_moe.experts.w13'], W['model.layers.5.block_sparse_moe.experts.w2'], topk_4_1, div_22, 'situ', 4.0, 25.0)  # models/moe_layer.py:113
+    rms_norm_23 = rms_norm(moe_experts_3, None, 1e-05)  # models/moe_layer.py:117
+    linear_74 = F.linear(rms_norm_23, W['model.layers.5.block_sparse_moe.routed_expert_up_proj.weight.normed'])  # models/moe_layer.py:117
+    gated_mlp_3 = gated_mlp(reshape_10, W['model.layers.5.block_sparse_moe.shared_experts.gate_up_proj.weight'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:47
+    linear_77 = F.linear(gated_mlp_3, W['model.layers.5.block_sparse_moe.shared_experts.down_proj.weight'])  # models/common.py:47
+    add_38 = rt.elementwise(ew2, (B, 256), torch.float32, linear_74, linear_77)  # models/moe_layer.py:119
+    view_66 = add_38.reshape((B, 1, 256))  # models/moe_layer.py:120
     add_39 = rt.elementwise(ew2, (B, 1, 256), torch.float32, add_35, view_66)
     stack_11 = torch.stack([embedding, add_19, add_39], dim=0)
     attn_res_mix_11 = attn_res_mix(stack_11, W['model.layers.6.self_attention_res_proj.weight.reshape'], W['model.layers.6.self_attention_res_norm.weight'], 1e-05)
@@ -748,23 +748,23 @@ def decode(W, input_ids, layers_0_S, layers_0_conv_q, layers_0_conv_k, layers_0_
     linear_85 = F.linear(reshape_11, W['model.layers.6.self_attn.o_proj.weight'])  # models/kda_layer.py:84
     stack_12 = torch.stack([embedding, add_19, add_39, linear_85], dim=0)
     attn_res_mix_12 = attn_res_mix(stack_12, W['model.layers.6.mlp_res_proj.weight.reshape'], W['model.layers.6.mlp_res_norm.weight'], 1e-05)
-    rms_norm_26 = rms_norm(attn_res_mix_12, W['model.layers.6.post_attention_layernorm.weight'], 1e-05)  # models/common.py:30
-    reshape_12 = rms_norm_26.reshape((B, 256))  # models/moe_layer.py:65
-    linear_86_merged = F.linear(reshape_12, W['model.layers.6.block_sparse_moe.gate-routed_expert_down_proj.weight'])  # models/moe_layer.py:66
-    linear_86_merged_0, linear_86_merged_1 = torch.split(linear_86_merged, [8, 128], dim=1)  # models/moe_layer.py:66
-    sigmoid_35 = rt.elementwise(ew1, (B, 8), torch.float32, linear_86_merged_0)  # models/moe_layer.py:66
-    add_43 = rt.broadcast(ew3, (B, 8), torch.float32, sigmoid_35, W['model.layers.6.block_sparse_moe.gate.e_score_correction_bias'])  # models/moe_layer.py:67
-    topk_5_0, topk_5_1 = torch.topk(add_43, 2, dim=1)  # models/moe_layer.py:67
-    gather_5 = torch.gather(sigmoid_35, 1, topk_5_1)  # models/moe_layer.py:68
-    sum_18 = gather_5.sum(dim=(1,), keepdim=True)  # models/moe_layer.py:70
-    div_27 = rt.broadcast(ew4, (B, 2), torch.float32, sum_18, gather_5)  # models/moe_layer.py:70
-    moe_experts_2 = moe_experts(linear_86_merged_1, W['model.layers.6.block_sparse_moe.experts.w13'], W['model.layers.6.block_sparse_moe.experts.w2'], topk_5_1, div_27, 'situ', 4.0, 25.0)  # models/moe_layer.py:76
-    rms_norm_27 = rms_norm(moe_experts_2, None, 1e-05)  # models/moe_layer.py:80
-    linear_88 = F.linear(rms_norm_27, W['model.layers.6.block_sparse_moe.routed_expert_up_proj.weight.normed'])  # models/moe_layer.py:80
-    gated_mlp_2 = gated_mlp(reshape_12, W['model.layers.6.block_sparse_moe.shared_experts.gate_up_proj.weight'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:46
-    linear_91 = F.linear(gated_mlp_2, W['model.layers.6.block_sparse_moe.shared_experts.down_proj.weight'])  # models/common.py:46
-    add_45 = rt.elementwise(ew2, (B, 256), torch.float32, linear_88, linear_91)  # models/moe_layer.py:82
-    view_79 = add_45.reshape((B, 1, 256))  # models/moe_layer.py:83
+    rms_norm_26 = rms_norm(attn_res_mix_12, W['model.layers.6.post_attention_layernorm.weight'], 1e-05)  # models/common.py:31
+    reshape_12 = rms_norm_26.reshape((B, 256))  # models/moe_layer.py:95
+    linear_86_merged = F.linear(reshape_12, W['model.layers.6.block_sparse_moe.gate-routed_expert_down_proj.weight'])  # models/moe_layer.py:96
+    linear_86_merged_0, linear_86_merged_1 = torch.split(linear_86_merged, [8, 128], dim=1)  # models/moe_layer.py:96
+    sigmoid_35 = rt.elementwise(ew1, (B, 8), torch.float32, linear_86_merged_0)  # models/moe_layer.py:96
+    add_43 = rt.broadcast(ew3, (B, 8), torch.float32, sigmoid_35, W['model.layers.6.block_sparse_moe.gate.e_score_correction_bias'])  # models/moe_layer.py:97
+    topk_5_0, topk_5_1 = torch.topk(add_43, 2, dim=1)  # models/moe_layer.py:97
+    gather_5 = torch.gather(sigmoid_35, 1, topk_5_1)  # models/moe_layer.py:98
+    sum_18 = gather_5.sum(dim=(1,), keepdim=True)  # models/moe_layer.py:100
+    div_27 = rt.broadcast(ew4, (B, 2), torch.float32, sum_18, gather_5)  # models/moe_layer.py:100
+    moe_experts_2 = moe_experts(linear_86_merged_1, W['model.layers.6.block_sparse_moe.experts.w13'], W['model.layers.6.block_sparse_moe.experts.w2'], topk_5_1, div_27, 'situ', 4.0, 25.0)  # models/moe_layer.py:113
+    rms_norm_27 = rms_norm(moe_experts_2, None, 1e-05)  # models/moe_layer.py:117
+    linear_88 = F.linear(rms_norm_27, W['model.layers.6.block_sparse_moe.routed_expert_up_proj.weight.normed'])  # models/moe_layer.py:117
+    gated_mlp_2 = gated_mlp(reshape_12, W['model.layers.6.block_sparse_moe.shared_experts.gate_up_proj.weight'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:47
+    linear_91 = F.linear(gated_mlp_2, W['model.layers.6.block_sparse_moe.shared_experts.down_proj.weight'])  # models/common.py:47
+    add_45 = rt.elementwise(ew2, (B, 256), torch.float32, linear_88, linear_91)  # models/moe_layer.py:119
+    view_79 = add_45.reshape((B, 1, 256))  # models/moe_layer.py:120
     add_46 = rt.elementwise(ew2, (B, 1, 256), torch.float32, linear_85, view_79)
     stack_13 = torch.stack([embedding, add_19, add_39, add_46], dim=0)
     attn_res_mix_13 = attn_res_mix(stack_13, W['model.layers.7.self_attention_res_proj.weight.reshape'], W['model.layers.7.self_attention_res_norm.weight'], 1e-05)
@@ -775,7 +775,7 @@ def decode(W, input_ids, layers_0_S, layers_0_conv_q, layers_0_conv_k, layers_0_
     linear_93 = F.linear(rms_norm_29, W['model.layers.7.self_attn.q_b_proj.weight.normed'])  # models/mla_layer.py:48
     view_81 = linear_93.reshape((B, 1, 4, 48))  # models/mla_layer.py:49
     split_with_sizes_1_0, split_with_sizes_1_1 = torch.split(linear_92_merged_1, [32, 16], dim=2)  # models/mla_layer.py:50
-    rms_norm_30 = rms_norm(split_with_sizes_1_0, W['model.layers.7.self_attn.kv_a_layernorm.weight'], 1e-06)  # models/common.py:30
+    rms_norm_30 = rms_norm(split_with_sizes_1_0, W['model.layers.7.self_attn.kv_a_layernorm.weight'], 1e-06)  # models/common.py:31
     cat_2 = torch.cat([layers_7_ckv, rms_norm_30], dim=1)  # models/mla_layer.py:53
     cat_3 = torch.cat([layers_7_krope, split_with_sizes_1_1], dim=1)  # models/mla_layer.py:54
     mla_attention_1 = mla_attention_absorbed(view_81, cat_2, cat_3, W['model.layers.7.self_attn.kv_b_proj.w_uk'], W['model.layers.7.self_attn.kv_b_proj.w_uv'], 0.14433756729740643)  # models/mla_layer.py:55
@@ -785,23 +785,23 @@ def decode(W, input_ids, layers_0_S, layers_0_conv_q, layers_0_conv_k, layers_0_
     add_47 = rt.elementwise(ew2, (B, 1, 256), torch.float32, add_46, linear_96)
     stack_14 = torch.stack([embedding, add_19, add_39, add_47], dim=0)
     attn_res_mix_14 = attn_res_mix(stack_14, W['model.layers.7.mlp_res_proj.weight.reshape'], W['model.layers.7.mlp_res_norm.weight'], 1e-05)
-    rms_norm_31 = rms_norm(attn_res_mix_14, W['model.layers.7.post_attention_layernorm.weight'], 1e-05)  # models/common.py:30
-    reshape_14 = rms_norm_31.reshape((B, 256))  # models/moe_layer.py:65
-    linear_97_merged = F.linear(reshape_14, W['model.layers.7.block_sparse_moe.gate-routed_expert_down_proj.weight'])  # models/moe_layer.py:66
-    linear_97_merged_0, linear_97_merged_1 = torch.split(linear_97_merged, [8, 128], dim=1)  # models/moe_layer.py:66
-    sigmoid_39 = rt.elementwise(ew1, (B, 8), torch.float32, linear_97_merged_0)  # models/moe_layer.py:66
-    add_48 = rt.broadcast(ew3, (B, 8), torch.float32, sigmoid_39, W['model.layers.7.block_sparse_moe.gate.e_score_correction_bias'])  # models/moe_layer.py:67
-    topk_6_0, topk_6_1 = torch.topk(add_48, 2, dim=1)  # models/moe_layer.py:67
-    gather_6 = torch.gather(sigmoid_39, 1, topk_6_1)  # models/moe_layer.py:68
-    sum_19 = gather_6.sum(dim=(1,), keepdim=True)  # models/moe_layer.py:70
-    div_32 = rt.broadcast(ew4, (B, 2), torch.float32, sum_19, gather_6)  # models/moe_layer.py:70
-    moe_experts_1 = moe_experts(linear_97_merged_1, W['model.layers.7.block_sparse_moe.experts.w13'], W['model.layers.7.block_sparse_moe.experts.w2'], topk_6_1, div_32, 'situ', 4.0, 25.0)  # models/moe_layer.py:76
-    rms_norm_32 = rms_norm(moe_experts_1, None, 1e-05)  # models/moe_layer.py:80
-    linear_99 = F.linear(rms_norm_32, W['model.layers.7.block_sparse_moe.routed_expert_up_proj.weight.normed'])  # models/moe_layer.py:80
-    gated_mlp_1 = gated_mlp(reshape_14, W['model.layers.7.block_sparse_moe.shared_experts.gate_up_proj.weight'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:46
-    linear_102 = F.linear(gated_mlp_1, W['model.layers.7.block_sparse_moe.shared_experts.down_proj.weight'])  # models/common.py:46
-    add_50 = rt.elementwise(ew2, (B, 256), torch.float32, linear_99, linear_102)  # models/moe_layer.py:82
-    view_83 = add_50.reshape((B, 1, 256))  # models/moe_layer.py:83
+    rms_norm_31 = rms_norm(attn_res_mix_14, W['model.layers.7.post_attention_layernorm.weight'], 1e-05)  # models/common.py:31
+    reshape_14 = rms_norm_31.reshape((B, 256))  # models/moe_layer.py:95
+    linear_97_merged = F.linear(reshape_14, W['model.layers.7.block_sparse_moe.gate-routed_expert_down_proj.weight'])  # models/moe_layer.py:96
+    linear_97_merged_0, linear_97_merged_1 = torch.split(linear_97_merged, [8, 128], dim=1)  # models/moe_layer.py:96
+    sigmoid_39 = rt.elementwise(ew1, (B, 8), torch.float32, linear_97_merged_0)  # models/moe_layer.py:96
+    add_48 = rt.broadcast(ew3, (B, 8), torch.float32, sigmoid_39, W['model.layers.7.block_sparse_moe.gate.e_score_correction_bias'])  # models/moe_layer.py:97
+    topk_6_0, topk_6_1 = torch.topk(add_48, 2, dim=1)  # models/moe_layer.py:97
+    gather_6 = torch.gather(sigmoid_39, 1, topk_6_1)  # models/moe_layer.py:98
+    sum_19 = gather_6.sum(dim=(1,), keepdim=True)  # models/moe_layer.py:100
+    div_32 = rt.broadcast(ew4, (B, 2), torch.float32, sum_19, gather_6)  # models/moe_layer.py:100
+    moe_experts_1 = moe_experts(linear_97_merged_1, W['model.layers.7.block_sparse_moe.experts.w13'], W['model.layers.7.block_sparse_moe.experts.w2'], topk_6_1, div_32, 'situ', 4.0, 25.0)  # models/moe_layer.py:113
+    rms_norm_32 = rms_norm(moe_experts_1, None, 1e-05)  # models/moe_layer.py:117
+    linear_99 = F.linear(rms_norm_32, W['model.layers.7.block_sparse_moe.routed_expert_up_proj.weight.normed'])  # models/moe_layer.py:117
+    gated_mlp_1 = gated_mlp(reshape_14, W['model.layers.7.block_sparse_moe.shared_experts.gate_up_proj.weight'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:47
+    linear_102 = F.linear(gated_mlp_1, W['model.layers.7.block_sparse_moe.shared_experts.down_proj.weight'])  # models/common.py:47
+    add_50 = rt.elementwise(ew2, (B, 256), torch.float32, linear_99, linear_102)  # models/moe_layer.py:119
+    view_83 = add_50.reshape((B, 1, 256))  # models/moe_layer.py:120
     add_51 = rt.elementwise(ew2, (B, 1, 256), torch.float32, add_47, view_83)
     stack_15 = torch.stack([embedding, add_19, add_39, add_51], dim=0)
     attn_res_mix_15 = attn_res_mix(stack_15, W['model.layers.8.self_attention_res_proj.weight.reshape'], W['model.layers.8.self_attention_res_norm.weight'], 1e-05)
@@ -812,7 +812,7 @@ def decode(W, input_ids, layers_0_S, layers_0_conv_q, layers_0_conv_k, layers_0_
     linear_104 = F.linear(rms_norm_34, W['model.layers.8.self_attn.q_b_proj.weight.normed'])  # models/mla_layer.py:48
     view_85 = linear_104.reshape((B, 1, 4, 48))  # models/mla_layer.py:49
     split_with_sizes_2_0, split_with_sizes_2_1 = torch.split(linear_103_merged_1, [32, 16], dim=2)  # models/mla_layer.py:50
-    rms_norm_35 = rms_norm(split_with_sizes_2_0, W['model.layers.8.self_attn.kv_a_layernorm.weight'], 1e-06)  # models/common.py:30
+    rms_norm_35 = rms_norm(split_with_sizes_2_0, W['model.layers.8.self_attn.kv_a_layernorm.weight'], 1e-06)  # models/common.py:31
     cat_4 = torch.cat([layers_8_ckv, rms_norm_35], dim=1)  # models/mla_layer.py:53
     cat_5 = torch.cat([layers_8_krope, split_with_sizes_2_1], dim=1)  # models/mla_layer.py:54
     mla_attention_2 = mla_attention_absorbed(view_85, cat_4, cat_5, W['model.layers.8.self_attn.kv_b_proj.w_uk'], W['model.layers.8.self_attn.kv_b_proj.w_uv'], 0.14433756729740643)  # models/mla_layer.py:55
@@ -822,26 +822,26 @@ def decode(W, input_ids, layers_0_S, layers_0_conv_q, layers_0_conv_k, layers_0_
     add_52 = rt.elementwise(ew2, (B, 1, 256), torch.float32, add_51, linear_107)
     stack_16 = torch.stack([embedding, add_19, add_39, add_52], dim=0)
     attn_res_mix_16 = attn_res_mix(stack_16, W['model.layers.8.mlp_res_proj.weight.reshape'], W['model.layers.8.mlp_res_norm.weight'], 1e-05)
-    rms_norm_36 = rms_norm(attn_res_mix_16, W['model.layers.8.post_attention_layernorm.weight'], 1e-05)  # models/common.py:30
-    reshape_16 = rms_norm_36.reshape((B, 256))  # models/moe_layer.py:65
-    linear_108_merged = F.linear(reshape_16, W['model.layers.8.block_sparse_moe.gate-routed_expert_down_proj.weight'])  # models/moe_layer.py:66
-    linear_108_merged_0, linear_108_merged_1 = torch.split(linear_108_merged, [8, 128], dim=1)  # models/moe_layer.py:66
-    sigmoid_43 = rt.elementwise(ew1, (B, 8), torch.float32, linear_108_merged_0)  # models/moe_layer.py:66
-    add_53 = rt.broadcast(ew3, (B, 8), torch.float32, sigmoid_43, W['model.layers.8.block_sparse_moe.gate.e_score_correction_bias'])  # models/moe_layer.py:67
-    topk_7_0, topk_7_1 = torch.topk(add_53, 2, dim=1)  # models/moe_layer.py:67
-    gather_7 = torch.gather(sigmoid_43, 1, topk_7_1)  # models/moe_layer.py:68
-    sum_20 = gather_7.sum(dim=(1,), keepdim=True)  # models/moe_layer.py:70
-    div_37 = rt.broadcast(ew4, (B, 2), torch.float32, sum_20, gather_7)  # models/moe_layer.py:70
-    moe_experts_ = moe_experts(linear_108_merged_1, W['model.layers.8.block_sparse_moe.experts.w13'], W['model.layers.8.block_sparse_moe.experts.w2'], topk_7_1, div_37, 'situ', 4.0, 25.0)  # models/moe_layer.py:76
-    rms_norm_37 = rms_norm(moe_experts_, None, 1e-05)  # models/moe_layer.py:80
-    linear_110 = F.linear(rms_norm_37, W['model.layers.8.block_sparse_moe.routed_expert_up_proj.weight.normed'])  # models/moe_layer.py:80
-    gated_mlp_ = gated_mlp(reshape_16, W['model.layers.8.block_sparse_moe.shared_experts.gate_up_proj.weight'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:46
-    linear_113 = F.linear(gated_mlp_, W['model.layers.8.block_sparse_moe.shared_experts.down_proj.weight'])  # models/common.py:46
-    add_55 = rt.elementwise(ew2, (B, 256), torch.float32, linear_110, linear_113)  # models/moe_layer.py:82
-    view_87 = add_55.reshape((B, 1, 256))  # models/moe_layer.py:83
+    rms_norm_36 = rms_norm(attn_res_mix_16, W['model.layers.8.post_attention_layernorm.weight'], 1e-05)  # models/common.py:31
+    reshape_16 = rms_norm_36.reshape((B, 256))  # models/moe_layer.py:95
+    linear_108_merged = F.linear(reshape_16, W['model.layers.8.block_sparse_moe.gate-routed_expert_down_proj.weight'])  # models/moe_layer.py:96
+    linear_108_merged_0, linear_108_merged_1 = torch.split(linear_108_merged, [8, 128], dim=1)  # models/moe_layer.py:96
+    sigmoid_43 = rt.elementwise(ew1, (B, 8), torch.float32, linear_108_merged_0)  # models/moe_layer.py:96
+    add_53 = rt.broadcast(ew3, (B, 8), torch.float32, sigmoid_43, W['model.layers.8.block_sparse_moe.gate.e_score_correction_bias'])  # models/moe_layer.py:97
+    topk_7_0, topk_7_1 = torch.topk(add_53, 2, dim=1)  # models/moe_layer.py:97
+    gather_7 = torch.gather(sigmoid_43, 1, topk_7_1)  # models/moe_layer.py:98
+    sum_20 = gather_7.sum(dim=(1,), keepdim=True)  # models/moe_layer.py:100
+    div_37 = rt.broadcast(ew4, (B, 2), torch.float32, sum_20, gather_7)  # models/moe_layer.py:100
+    moe_experts_ = moe_experts(linear_108_merged_1, W['model.layers.8.block_sparse_moe.experts.w13'], W['model.layers.8.block_sparse_moe.experts.w2'], topk_7_1, div_37, 'situ', 4.0, 25.0)  # models/moe_layer.py:113
+    rms_norm_37 = rms_norm(moe_experts_, None, 1e-05)  # models/moe_layer.py:117
+    linear_110 = F.linear(rms_norm_37, W['model.layers.8.block_sparse_moe.routed_expert_up_proj.weight.normed'])  # models/moe_layer.py:117
+    gated_mlp_ = gated_mlp(reshape_16, W['model.layers.8.block_sparse_moe.shared_experts.gate_up_proj.weight'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:47
+    linear_113 = F.linear(gated_mlp_, W['model.layers.8.block_sparse_moe.shared_experts.down_proj.weight'])  # models/common.py:47
+    add_55 = rt.elementwise(ew2, (B, 256), torch.float32, linear_110, linear_113)  # models/moe_layer.py:119
+    view_87 = add_55.reshape((B, 1, 256))  # models/moe_layer.py:120
     add_56 = rt.elementwise(ew2, (B, 1, 256), torch.float32, add_52, view_87)
     stack_17 = torch.stack([embedding, add_19, add_39, add_56], dim=0)
-    attn_res_mix_17 = attn_res_mix(stack_17, W['model.attn_res_proj.weight.reshape'], W['model.attn_res_norm.weight'], 1e-05)
+    attn_res_mix_17 = attn_res_mix(stack_17, W['model.output_attn_res_proj.weight.reshape'], W['model.output_attn_res_norm.weight'], 1e-05)
     rms_norm_38 = rms_norm(attn_res_mix_17, None, 1e-05)
     linear_114 = F.linear(rms_norm_38, W['lm_head.weight.normed'])
     return [linear_114, kda_1, short_conv_1, short_conv_1_1, short_conv_2_1, kda_1_1, short_conv_3_1, short_conv_4_1, short_conv_5_1, kda_2_1, short_conv_6_1, short_conv_7_1, short_conv_8_1, cat, cat_1, kda_3_1, short_conv_9_1, short_conv_10_1, short_conv_11_1, kda_4_1, short_conv_12_1, short_conv_13_1, short_conv_14_1, kda_5_1, short_conv_15_1, short_conv_16_1, short_conv_17_1, cat_2, cat_3, cat_4, cat_5]

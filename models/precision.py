@@ -1,0 +1,132 @@
+"""Storage precision of a model: the releases' dtype policies, MXFP4 experts, bytes held.
+
+The K3 release (K3-SPEC.md section 8.1) stores BF16 weights except a few tensors kept in F32
+(the KDA `A_log`, `dt_bias`, the three short convs, `o_norm`, and the router's
+`e_score_correction_bias`), and its routed experts as MXFP4; the Kimi Linear release (8.2)
+is BF16 with F32 `A_log` and `dt_bias`. `to_release_dtypes` gives a model its family's
+policy in any floating dtype; `release_precision` says how each family was released;
+`quantize_experts` turns dense routed experts into MXFP4 ones (`kernels/mxfp4.encode`),
+`dequantize_experts` back.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+import torch
+import torch.nn as nn
+
+from ..kernels.mxfp4 import decode, encode
+from .configs import KimiConfig, kimi_model_type
+from .moe_layer import Experts, MoE, MXFP4Experts
+
+# Tensors a release keeps in F32 whatever the model's dtype (state-dict names), per family.
+K3_F32 = re.compile(
+    r"\.self_attn\.(A_log|dt_bias|[qkv]_conv1d\.weight|o_norm\.weight)$|\.gate\.e_score_correction_bias$")
+KIMI_LINEAR_F32 = re.compile(r"\.self_attn\.(A_log|dt_bias)$")
+
+
+def f32_tensors(cfg: object) -> re.Pattern | None:
+    """The names the release of `cfg`'s family keeps in F32 (None: no such tensors)."""
+    if not isinstance(cfg, KimiConfig):
+        return None
+    return K3_F32 if kimi_model_type(cfg) == "kimi_k3" else KIMI_LINEAR_F32
+
+
+def release_precision(cfg: object) -> dict:
+    """How the family of `cfg` is released: `build` arguments (`dtype`, `experts`).
+
+    K3: BF16 (+ its F32 tensors) with MXFP4 routed experts; Kimi Linear: BF16 (+ F32 A_log,
+    dt_bias); GPT-2: F32 (its release); the linear-attention ancestors have no release: F32.
+    """
+    if isinstance(cfg, KimiConfig):
+        k3 = kimi_model_type(cfg) == "kimi_k3"
+        return {"dtype": torch.bfloat16, "experts": "mxfp4" if k3 else None}
+    return {"dtype": torch.float32, "experts": None}
+
+
+def as_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
+    """A torch dtype from a dtype or its name ("bfloat16", "torch.float32"); None stays None."""
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    value = getattr(torch, str(dtype).removeprefix("torch."), None)
+    if not isinstance(value, torch.dtype):
+        raise ValueError(f"unknown dtype {dtype!r}")
+    return value
+
+
+@torch.no_grad()
+def to_release_dtypes(model: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """Cast the floating parameters and buffers to `dtype`, except those the release of the
+    model's family keeps in F32 (`f32_tensors`)."""
+    if not dtype.is_floating_point:
+        raise ValueError(f"a model's dtype must be a floating dtype, got {dtype}")
+    keep = f32_tensors(model.config)
+    for name, t in [*model.named_parameters(), *model.named_buffers()]:
+        if t.is_floating_point():
+            t.data = t.data.to(torch.float32 if keep is not None and keep.search(name) else dtype)
+    return model
+
+
+def moe_blocks(model: nn.Module) -> list[tuple[str, MoE]]:
+    return [(name, m) for name, m in model.named_modules() if isinstance(m, MoE)]
+
+
+@torch.no_grad()
+def quantize_experts(model: nn.Module) -> nn.Module:
+    """Replace every dense `Experts` by `MXFP4Experts` holding its MXFP4 encoding."""
+    blocks = moe_blocks(model)
+    if not blocks:
+        raise ValueError(f"{getattr(model, 'name', type(model).__name__)} has no routed experts to quantize")
+    for _, moe in blocks:
+        ex = moe.experts
+        if isinstance(ex, MXFP4Experts):
+            continue
+        E, two_i, D = ex.w13.shape
+        with torch.device(ex.w13.device):
+            q = MXFP4Experts(E, D, two_i // 2)
+        if ex.w13.device.type != "meta":
+            q.w13_packed.data, q.w13_scale.data = encode(ex.w13)
+            q.w2_packed.data, q.w2_scale.data = encode(ex.w2)
+        moe.experts = q
+    return model
+
+
+@torch.no_grad()
+def dequantize_experts(model: nn.Module, dtype: torch.dtype = torch.float32) -> nn.Module:
+    """Replace every `MXFP4Experts` by dense `Experts` holding its decoded weights in `dtype`."""
+    for _, moe in moe_blocks(model):
+        ex = moe.experts
+        if not isinstance(ex, MXFP4Experts):
+            continue
+        E, two_i, half_d = ex.w13_packed.shape
+        with torch.device(ex.w13_packed.device):
+            dense = Experts(E, 2 * half_d, two_i // 2)
+        dense.w13.data = decode(ex.w13_packed, ex.w13_scale, dtype)
+        dense.w2.data = decode(ex.w2_packed, ex.w2_scale, dtype)
+        moe.experts = dense
+    return model
+
+
+def unique_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The state dict with tied tensors once (GPT-2's lm_head is its embedding)."""
+    seen: set[int] = set()
+    out = {}
+    for name, t in model.state_dict(keep_vars=True).items():
+        if id(t) not in seen:
+            seen.add(id(t))
+            out[name] = t
+    return out
+
+
+def bytes_by_dtype(tensors: dict[str, torch.Tensor]) -> dict[str, int]:
+    """Bytes of `tensors` per dtype name ("bfloat16", "uint8", ...), largest first."""
+    count: Counter[str] = Counter()
+    for t in tensors.values():
+        count[str(t.dtype).removeprefix("torch.")] += t.numel() * t.element_size()
+    return dict(count.most_common())
+
+
+__all__ = ["K3_F32", "KIMI_LINEAR_F32", "f32_tensors", "release_precision", "as_dtype", "to_release_dtypes",
+           "quantize_experts", "dequantize_experts", "unique_tensors", "bytes_by_dtype", "moe_blocks"]

@@ -1,0 +1,119 @@
+"""Pipelines: a flat list of pass steps run on a copy of a graph, verified between steps, with
+a report of what each pass changed.
+
+    run_pipeline(graph, ["constant-fold", "chunk-delta-rule{chunk_size=32}", "dce"])
+    for_backend(steps, keep={"kda"})   # a backend that takes kda whole: chunk-delta-rule keeps it
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+
+from ..ir import Graph, VerifyError, verify
+from . import cost as C
+from .driver import drop_unused_weights
+from .registry import PASSES, format_step, parse_step
+
+
+@dataclass
+class PassReport:
+    """What one pass changed: sites per rule, node count, estimated cost, time."""
+
+    name: str
+    graph: str
+    sites: dict[str, int]
+    nodes_before: int
+    nodes_after: int
+    flops_before: int
+    flops_after: int
+    bytes_before: int
+    bytes_after: int
+    seconds: float
+
+    @property
+    def total_sites(self) -> int:
+        return sum(self.sites.values())
+
+    def __str__(self) -> str:
+        rules = ", ".join(f"{k} {v}" for k, v in self.sites.items()) or "no change"
+        return (f"{self.name:<20} {self.total_sites:>4} sites  nodes {self.nodes_before:>5} -> {self.nodes_after:<5}"
+                f" GFLOP {self.flops_before / 1e9:9.3f} -> {self.flops_after / 1e9:<9.3f}"
+                f" MB {self.bytes_before / 1e6:9.1f} -> {self.bytes_after / 1e6:<9.1f}"
+                f" {self.seconds * 1e3:7.1f} ms  ({rules})")
+
+
+def format_report(entries: list[PassReport]) -> str:
+    at = ", ".join(f"{k}={v}" for k, v in C.COST_AT.items())
+    lines = [f"pass report (cost estimated at {at})"]
+    for graph in dict.fromkeys(e.graph for e in entries):
+        lines.append(f"{graph}:")
+        lines.extend("  " + str(e) for e in entries if e.graph == graph)
+    return "\n".join(lines)
+
+
+class PassVerifyError(VerifyError):
+    """A pass produced a graph the verifier rejects (a bug in the pass): names the pass."""
+
+    def __init__(self, pass_name: str, err: VerifyError):
+        Exception.__init__(self, f"after pass {pass_name!r}: {err}")
+        self.rule, self.node, self.pass_name = err.rule, err.node, pass_name
+
+
+def check_steps(steps: list, stop_after: str | None = None, dump_after: str | None = None) -> list[tuple[str, dict]]:
+    """Parse and check a pipeline's steps before anything runs; a ValueError says what is wrong."""
+    parsed = [parse_step(s) for s in steps]
+    names = [n for n, _ in parsed]
+    for what, want in (("stop_after", stop_after), ("dump_after", dump_after)):
+        if want is not None and want not in names:
+            raise ValueError(f"{what}: pass {want!r} is not in the pipeline ({', '.join(names) or 'empty'})")
+    return parsed
+
+
+def for_backend(steps: list, keep=()) -> list:
+    """`steps` as a backend needs them: the ops it takes whole (`keep`) stay whole through
+    chunk-delta-rule (the one place the prefill form is decided). Steps stay text, so the
+    pipeline an artifact records reads back."""
+    keep = sorted(set(keep))
+    if not keep:
+        return list(steps)
+    out = []
+    for step in steps:
+        name, opts = parse_step(step)
+        if name == "chunk-delta-rule":
+            step = format_step(name, {**opts, "keep": sorted(set(opts.get("keep", [])) | set(keep))})
+        out.append(step)
+    return out
+
+
+def run_pipeline(graph: Graph, steps: list, *, verify_each: bool = True, stop_after: str | None = None,
+                 dump_after: str | None = None, report: list | None = None, out=None) -> Graph:
+    parsed = check_steps(steps, stop_after, dump_after)
+    g = graph.copy()
+    if verify_each:
+        verify(g)
+    before = C.graph_cost(g) if report is not None else None
+    for name, opts in parsed:
+        nodes_before = len(g.nodes)
+        t0 = time.perf_counter()
+        sites = PASSES[name].fn(g, **opts) or {}
+        drop_unused_weights(g)
+        g.prune_types()
+        seconds = time.perf_counter() - t0
+        if verify_each:
+            try:
+                verify(g)
+            except VerifyError as e:
+                raise PassVerifyError(name, e) from None
+        if report is not None:
+            after = C.graph_cost(g)
+            report.append(PassReport(name, g.name, dict(sites), nodes_before, len(g.nodes), before.flops, after.flops,
+                                     before.bytes, after.bytes, seconds))
+            before = after
+        if dump_after == name:
+            print(f"// IR after {name}", file=out or sys.stdout)
+            print(g, end="", file=out or sys.stdout)
+        if stop_after == name:
+            break
+    return g

@@ -1,0 +1,35 @@
+"""Golden snapshot of k3-tiny's IR after the default pipeline, prefill and decode, as the text
+form prints it: what a change to the frontend or a pass does to the graph shows here, line by
+line (weights by name and type, not data). Regenerate after a deliberate change:
+    K3C_UPDATE_GOLDEN=1 pytest tests/passes/test_ir_golden.py
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from pathlib import Path
+
+import pytest
+
+from k3c import ir, passes
+
+GOLDEN = Path(__file__).parent / "golden"
+
+
+@pytest.mark.parametrize("entry", ["prefill", "decode"])
+def test_k3_tiny_after_default(zoo, entry):
+    _, prefill, decode = zoo("k3-tiny")
+    graph = prefill if entry == "prefill" else decode
+    text = str(passes.run(graph, "default"))
+    assert ir.parse(text).structurally_equal(ir.parse(text))  # the snapshot reads back
+    path = GOLDEN / f"k3-tiny.{entry}.k3c"
+    if os.environ.get("K3C_UPDATE_GOLDEN") == "1":
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(text)
+    assert path.exists(), f"no golden file; create it with K3C_UPDATE_GOLDEN=1 pytest {__file__}"
+    want = path.read_text()
+    if text != want:
+        diff = "\n".join(difflib.unified_diff(want.splitlines(), text.splitlines(), "golden", "now", lineterm=""))
+        raise AssertionError(f"k3-tiny's {entry} IR after default changed (K3C_UPDATE_GOLDEN=1 to accept):\n"
+                             f"{diff[:6000]}")

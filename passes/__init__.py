@@ -19,7 +19,15 @@ if __name__ != "k3c.passes":  # this folder imported under its bare name, e.g. b
 from ..ir import Graph
 from ..registry import Registry
 from . import (  # noqa: F401  (register the passes)
-    chunk_delta_rule, compute_dtype, constant_fold, cse, dce, decompose, fold_latent_moe, fold_mxfp4, fuse_norms,
+    chunk_delta_rule,
+    compute_dtype,
+    constant_fold,
+    cse,
+    dce,
+    decompose,
+    fold_latent_moe,
+    fold_mxfp4,
+    fuse_norms,
     fuse_situ,
 )
 from .builder import Builder

@@ -12,8 +12,8 @@ from __future__ import annotations
 import math
 
 from ...kernels.moe.mxfp4 import moe_down_mxfp4, moe_gate_up_mxfp4
-from ...kernels.situ.naive import activation
 from ...kernels.mxfp4.naive import GROUP_SIZE, decode
+from ...kernels.situ.naive import activation
 from .. import dims as D
 from ..types import DTYPES, TensorType
 from .fused import GATED, SITU_FLOPS, _experts_infer

@@ -149,7 +149,7 @@ def _cmd_compile_all(args: argparse.Namespace) -> int:
 
     names = _backend_list(args, args.backend, "--backend")
     model = models.build(args.model)
-    report = diff(model, names, seq_len=args.seq_len, decode_steps=4, passes=args.pipeline,
+    report = diff(model, names, seq_len=args.seq_len or 130, decode_steps=4, passes=args.pipeline,
                   out_root=args.out, progress=lambda m: print(m, file=sys.stderr), force=args.force)
     rows = [("backend", "artifact", "compile s", "max_abs_err", "rel_rms_err", "ok", "warm prefill vs eager")]
     for b in report.backends.values():
@@ -157,7 +157,7 @@ def _cmd_compile_all(args: argparse.Namespace) -> int:
         status = "yes" if b.ok else "NO" + (f" ({b.error.splitlines()[0][:90]})" if b.error else "")
         rows.append((b.backend, b.artifact, f"{b.compile_seconds:.1f}", f"{b.max_abs_err:.1e}",
                      f"{b.rel_rms_err:.1e}", status, speed))
-    print(f"{report.model}: prefill T={args.seq_len}, B=2, 4 decode steps, each backend against eager PyTorch")
+    print(f"{report.model}: prefill T={args.seq_len or 130}, B=2, 4 decode steps, each backend against eager PyTorch")
     print(format_table(rows))
     if "triton" in report.backends:
         from .kernels.common import triton_mode
@@ -177,20 +177,42 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     if len(specs) != 1:
         raise UsageError(f"--backend {args.backend} with --flavour {args.flavour}: one artifact takes one flavour")
     name, _, flavour = specs[0].partition(":")
+    aot = name == "triton" and args.target is not None
+    if aot:
+        from .backends.triton.aot import target
+
+        target(args.target)  # an unknown target is said before a slow capture
     options = {}
     if name == "onnx":
         options["flavour"] = flavour or "portable"
     if args.target:
         options["target"] = args.target
+    if aot and args.seq_len:
+        options["seq_len"] = args.seq_len
     if args.out is not None:  # before the model is built: a target that may not be replaced fails now
         from .backends import artifact
 
         artifact.check_target(args.out, backend=name, model=args.model, variant=options.get("flavour") or (
             (args.target or "llvm") if name == "tvm" else None), force=args.force)
     model = models.build(args.model)
-    compiled = k3c_compile(model, name, (_example_ids(model),), out_dir=args.out,
-                           passes=args.pipeline, verbose=True, force=args.force,
-                           pass_options={"verify_each": args.verify, "dump_after": args.dump_after}, **options)
+    try:
+        compiled = k3c_compile(model, name, (_example_ids(model),), out_dir=args.out,
+                               passes=args.pipeline, verbose=True, force=args.force,
+                               pass_options={"verify_each": args.verify, "dump_after": args.dump_after}, **options)
+    except RuntimeError as e:
+        from .backends.triton.aot import AotError
+
+        if not isinstance(e, AotError):
+            raise
+        print(f"k3c compile: {e}", file=sys.stderr)  # kernels that cannot run on the target: a finding
+        return 1
+    if aot:
+        from .backends.triton.aot import load_report
+
+        report = load_report(compiled.out_dir)
+        print(report.table())
+        for line in report.problems():
+            print(f"  {line}")
     print(compiled.out_dir)
     return 0
 
@@ -237,11 +259,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--pipeline", default="default", help="pass pipeline (default: default)")
     s.add_argument("--flavour", help="onnx: custom-op flavour, portable or ort (with --backend all: a list, "
                                      "default portable,ort)")
-    s.add_argument("--target", help="tvm: llvm or cuda")
+    s.add_argument("--target", help="tvm: llvm or cuda; triton: sm_80, sm_90 or sm_100 (every kernel compiled "
+                   "ahead of time: cubins and kernels.json, no GPU needed)")
     s.add_argument("--dump-after", metavar="PASS", help="print the IR of each entry after this pass")
     s.add_argument("--verify", action="store_true", help="run the verifier after every pass")
-    s.add_argument("--seq-len", type=checks.count(1), default=130,
-                   help="with --backend all: prefill length of the check")
+    s.add_argument("--seq-len", type=checks.count(1),
+                   help="with --backend all: prefill length of the check (default 130); "
+                   "with --target sm_*: the prefill length the kernels are compiled for (default 8192)")
     s.add_argument("--force", action="store_true", help="replace what --out holds, even another artifact")
     s.set_defaults(func=_cmd_compile)
 

@@ -56,14 +56,18 @@ class TritonRunner:
 
 
 class TritonBackend:
-    """`target` None: the kernels compile when they first run (on the GPU, or the interpreter);
+    """`compute` None: a BF16 model computes in BF16 (fp32 accumulation and state, as its
+    kernels do), "f32": in float32 from its stored weights. `target` None: the kernels compile when they first run (on the GPU, or the interpreter);
     "sm_80", "sm_90", "sm_100": `lower` also compiles every kernel ahead of time for that GPU
     (aot.py, at prefill length `seq_len` and `batch`, on `jobs` processes) and keeps the report in `aot_report`."""
 
     name = "triton"
 
     def __init__(self, target: str | None = None, seq_len: int | None = None, batch: int | None = None,
-                 jobs: int | None = None):
+                 jobs: int | None = None, compute: str | None = None):
+        if compute not in (None, "f32"):
+            raise ValueError(f"triton backend: compute must be None (the model's dtypes) or 'f32', got {compute!r}")
+        self.compute_dtype = compute  # "f32": a BF16 model computes in float32 (the compute-dtype pass)
         if target is not None:
             from .aot import target as known_target
 

@@ -16,9 +16,9 @@ import pytest
 import torch
 
 import k3c
-from k3c.registry import scope
 from k3c.compiler import capture_entries
 from k3c.diff import diff
+from k3c.registry import scope
 
 BACKENDS = ["reference", "onnx", "onnx:ort", "tvm", "triton"]
 STRESSES = ["router-low", "strong-decay", "large-a-log", "situ-saturated", "router-ties"]

@@ -57,9 +57,10 @@ class TritonRunner:
 
 class TritonBackend:
     """`compute` None: a BF16 model computes in BF16 (fp32 accumulation and state, as its
-    kernels do), "f32": in float32 from its stored weights. `target` None: the kernels compile when they first run (on the GPU, or the interpreter);
-    "sm_80", "sm_90", "sm_100": `lower` also compiles every kernel ahead of time for that GPU
-    (aot.py, at prefill length `seq_len` and `batch`, on `jobs` processes) and keeps the report in `aot_report`."""
+    kernels do), "f32": in float32 from its stored weights. `target` None: the kernels
+    compile when they first run (on the GPU, or the interpreter); "sm_80", "sm_90", "sm_100":
+    `lower` also compiles every kernel ahead of time for that GPU (aot.py, at prefill length
+    `seq_len` and `batch`, on `jobs` processes) and keeps the report in `aot_report`."""
 
     name = "triton"
 

@@ -1,6 +1,6 @@
 """The op table of the k3c IR: every op declared once (see spec.py), grouped by file."""
 
-from . import attention, chunked, elementwise, fused, fused_norms, moe, nn, quant, recurrent, shape  # noqa: F401
+from . import attention, cache, chunked, elementwise, fused, fused_norms, moe, nn, quant, recurrent, shape  # noqa: F401
 from .elementwise import broadcast_shapes
 from .spec import FAMILIES, OPS, REQUIRED, Attr, OpSpec, ShapeError, attr, defop, expect, family
 from .torch_ops import torch_op, torch_ops

@@ -1,0 +1,73 @@
+"""The serving forms of a compiled model: fixed-capacity caches, ragged prompts, last-token logits.
+
+`k3c.compile(..., max_context=N)` captures prefill as `(input_ids, lengths)` and decode over
+caches of N rows (models/serving.py); this module checks the compile options, records the
+capacity in the manifest (`"serving": {"cache": "fixed", "max_context": N}`) and turns a
+CompiledModel's `prefill(ids, lengths, logits)` call into the inputs of the entry that runs it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from .backends.artifact import MANIFEST, read
+from .errors import InputError, UsageError
+
+CACHES = ("fixed", "grow")
+
+
+def check_cache_mode(max_context: int | None, cache: str | None) -> int | None:
+    """The capacity the graphs are captured with (None: growing caches), or a UsageError."""
+    if cache is not None and cache not in CACHES:
+        raise UsageError(f"cache must be one of {', '.join(CACHES)}, got {cache!r}")
+    if max_context is not None and (isinstance(max_context, bool) or not isinstance(max_context, int)
+                                    or max_context < 2):
+        raise UsageError(f"max_context must be an int of at least 2 (the cache capacity), got {max_context!r}")
+    if cache == "fixed" and max_context is None:
+        raise UsageError("cache='fixed' needs max_context=N (the capacity of every cache)")
+    return None if cache == "grow" else max_context
+
+
+def record_serving(out_dir: Path, graphs: dict) -> None:
+    """Write the caches' form into the artifact's manifest (it is not among the sealed files)."""
+    manifest = read(out_dir)
+    if manifest is None:
+        return
+    n = next(iter(graphs.values())).meta.get("max_context")
+    manifest["serving"] = {"cache": "grow" if n is None else "fixed", "max_context": n,
+                           "entries": sorted(graphs)}
+    (Path(out_dir) / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+
+
+def prefill_inputs(compiled, input_ids: torch.Tensor, lengths, logits: str) -> tuple[str, list[torch.Tensor]]:
+    """The entry and inputs of a prefill call of `compiled` (a CompiledModel)."""
+    from .models.validate import check_lengths
+
+    if logits not in ("all", "last"):
+        raise InputError(f"prefill: logits must be 'all' or 'last', got {logits!r}")
+    B, T = input_ids.shape
+    entry = "prefill_last" if logits == "last" and "prefill_last" in compiled.graphs else "prefill"
+    if logits == "last" and entry == "prefill":
+        raise InputError("prefill: this artifact has no last-token entry (compile it with max_context=N)")
+    takes_lengths = "lengths" in compiled.graphs[entry].inputs
+    if lengths is None:
+        return entry, [input_ids] + ([torch.full((B,), T, dtype=torch.long)] if takes_lengths else [])
+    lengths = check_lengths(lengths, B, T, "prefill")
+    if not takes_lengths:
+        if bool((lengths != T).any()):
+            raise InputError("prefill: prompts of different lengths need an artifact with fixed-capacity "
+                             "caches (compile with max_context=N)")
+        return entry, [input_ids]
+    return entry, [input_ids, lengths]
+
+
+def check_decode_positions(compiled, state: dict, B: int) -> None:
+    """A fixed-capacity state's positions: int64 [B], each with room for one more row."""
+    if "positions" not in state or compiled.max_context is None:
+        return
+    from .models.validate import check_positions
+
+    check_positions(state, B, compiled.max_context)

@@ -9,9 +9,9 @@ is a graph input (then the runner checks the values), and refuse it otherwise, s
 
 The proof is a sign analysis over the producers: exp, softplus, sigmoid, relu, abs, sqrt are
 >= 0; neg flips a sign; a product's sign follows its factors', a sum's its terms' when they
-agree, a `where`'s its branches' when they agree; reshapes, slices, concatenations and casts keep it; a constant or weight has the sign
-of its values. The zoo's gates are all of that form: -exp(A_log) * softplus(x) and
-lb * sigmoid(x) with lb < 0.
+agree, a `where`'s its branches' when they agree; reshapes, slices, concatenations and
+casts keep it; a constant or weight has the sign of its values. The zoo's gates are all of
+that form: -exp(A_log) * softplus(x) and lb * sigmoid(x) with lb < 0.
 """
 
 from __future__ import annotations

@@ -84,12 +84,13 @@ class CompiledModel:
                 logits: str = "all") -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """As the eager model's prefill: `lengths` [B] for right-padded prompts (fixed caches),
         `logits="last"` the logits of each sequence's last real token, [B, 1, vocab]."""
-        from .serving import prefill_inputs
+        from .serving import last_logits, prefill_inputs
 
         entry, inputs = prefill_inputs(self, input_ids, lengths, logits)
         outs = self.runner.run(entry, *inputs)
         names = [k for k, _ in self.graphs[entry].outputs]
-        return outs[0], dict(zip(names[1:], outs[1:]))
+        out = outs[0] if logits == "all" or entry == "prefill_last" else last_logits(outs[0], lengths)
+        return out, dict(zip(names[1:], outs[1:]))
 
     def decode(self, input_ids: torch.Tensor, state: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict]:
         g = self.graphs["decode"]
@@ -140,7 +141,7 @@ def compile(model: torch.nn.Module, backend: str, example_inputs: tuple, out_dir
     written in place by decode, `positions` in the state, ragged prompts (`lengths`) and a
     `prefill_last` entry for last-token logits. `cache="grow"` keeps the growing caches.
     """
-    from .serving import check_cache_mode, record_serving
+    from .serving import check_cache_mode, record_serving, with_last_entry
 
     max_context = check_cache_mode(max_context, cache)
     if not isinstance(example_inputs, tuple):
@@ -152,6 +153,8 @@ def compile(model: torch.nn.Module, backend: str, example_inputs: tuple, out_dir
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     graphs = capture_entries(model, example_inputs, dynamic, max_context=max_context)
+    if max_context is not None:
+        graphs = with_last_entry(graphs)
     timings["capture"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     graphs = prepare(graphs, be, passes, pass_options)

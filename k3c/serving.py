@@ -31,6 +31,16 @@ def check_cache_mode(max_context: int | None, cache: str | None) -> int | None:
     return None if cache == "grow" else max_context
 
 
+def with_last_entry(graphs: dict) -> dict:
+    """`graphs` and, beside a prefill, `prefill_last`: the same graph through the
+    last-token-logits pass (logits [B, 1, vocab], the lm_head on one row a sequence)."""
+    if "prefill" not in graphs:
+        return graphs
+    from . import passes
+
+    return {**graphs, "prefill_last": passes.run(graphs["prefill"], ["last-token-logits"])}
+
+
 def record_serving(out_dir: Path, graphs: dict) -> None:
     """Write the caches' form into the artifact's manifest (it is not among the sealed files)."""
     manifest = read(out_dir)
@@ -42,16 +52,24 @@ def record_serving(out_dir: Path, graphs: dict) -> None:
     (Path(out_dir) / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
 
 
+def last_logits(logits: torch.Tensor, lengths) -> torch.Tensor:
+    """[B, T, vocab] -> [B, 1, vocab]: each sequence's last real row (an artifact without a
+    prefill_last entry computes every row and returns this one)."""
+    B, T, V = logits.shape
+    if lengths is None:
+        return logits[:, T - 1:]
+    return torch.gather(logits, 1, (torch.as_tensor(lengths).long() - 1).view(B, 1, 1).expand(B, 1, V))
+
+
 def prefill_inputs(compiled, input_ids: torch.Tensor, lengths, logits: str) -> tuple[str, list[torch.Tensor]]:
-    """The entry and inputs of a prefill call of `compiled` (a CompiledModel)."""
+    """The entry and inputs of a prefill call of `compiled` (a CompiledModel): prefill_last for
+    last-token logits where the artifact has it (else prefill, whose logits `last_logits` cuts)."""
     from .models.validate import check_lengths
 
     if logits not in ("all", "last"):
         raise InputError(f"prefill: logits must be 'all' or 'last', got {logits!r}")
     B, T = input_ids.shape
     entry = "prefill_last" if logits == "last" and "prefill_last" in compiled.graphs else "prefill"
-    if logits == "last" and entry == "prefill":
-        raise InputError("prefill: this artifact has no last-token entry (compile it with max_context=N)")
     takes_lengths = "lengths" in compiled.graphs[entry].inputs
     if lengths is None:
         return entry, [input_ids] + ([torch.full((B,), T, dtype=torch.long)] if takes_lengths else [])

@@ -18,7 +18,7 @@ if __name__ != "k3c.passes":  # this folder imported under its bare name, e.g. b
 
 from ..ir import Graph
 from ..registry import Registry
-from . import chunk_delta_rule, constant_fold, cse, dce, fold_latent_moe, fuse_norms, fuse_situ  # noqa: F401
+from . import chunk_delta_rule, constant_fold, cse, dce, fold_latent_moe, fuse_norms, fuse_situ, last_token_logits  # noqa: F401,E501
 from .builder import Builder
 from .cost import COST_AT, Cost, graph_cost
 from .driver import Rule, apply_rules

@@ -1,0 +1,78 @@
+"""Fixed-capacity caches over 300 decode steps: the artifact's decode with its caches at full
+capacity (rows written in place at `positions`) equals the growing-cache artifact and eager.
+
+The eager reference is independent of both decode paths: one eager prefill of the whole
+token sequence (teacher forcing), whose logit at position p is what decode step p must give.
+Its tolerance is the model's own (k3c.numerics.model_tolerance: eager fp32 against fp64).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from conftest import build
+
+import k3c
+from k3c.numerics import compare, model_tolerance
+
+MODELS = ["kimi-linear-tiny", "k3-tiny"]
+PROMPT, STEPS, BATCH = 5, 300, 2
+CAPACITY = PROMPT + STEPS
+
+
+@pytest.fixture(scope="module")
+def case():
+    """name -> (model, tokens, eager logits at positions PROMPT.., tolerance, fixed graphs, grow graphs)."""
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            model = k3c.models.build(name).eval()
+            gen = torch.Generator().manual_seed(1)
+            tokens = torch.randint(0, model.config.vocab_size, (BATCH, CAPACITY), generator=gen)
+            with torch.no_grad():
+                eager = model.prefill(tokens)[0][:, PROMPT:]
+                exact = copy.deepcopy(model).double().prefill(tokens)[0][:, PROMPT:]
+            ids = tokens[:, :PROMPT]
+            fixed = k3c.capture_entries(model, (ids,), max_context=CAPACITY)
+            grow = k3c.capture_entries(model, (ids,))
+            cache[name] = (model, tokens, eager, model_tolerance(eager, exact), fixed, grow)
+        return cache[name]
+
+    return get
+
+
+def decode_all(compiled, tokens) -> tuple[torch.Tensor, dict]:
+    """Logits of decode steps PROMPT .. CAPACITY - 1, teacher-forced, and the last state."""
+    with torch.no_grad():
+        _, state = compiled.prefill(tokens[:, :PROMPT])
+        out = []
+        for p in range(PROMPT, CAPACITY):
+            logits, state = compiled.decode(tokens[:, p:p + 1], state)
+            out.append(logits)
+    return torch.cat(out, dim=1), state
+
+
+@pytest.mark.parametrize("backend", ["onnx", "tvm"])
+@pytest.mark.parametrize("name", MODELS)
+def test_fixed_equals_grow_and_eager_300_steps(case, name, backend, tmp_path):
+    model, tokens, eager, tol, fixed_graphs, grow_graphs = case(name)
+    fixed = build(backend, fixed_graphs, tmp_path / "fixed")
+    grow = build(backend, grow_graphs, tmp_path / "grow")
+    got_fixed, state = decode_all(fixed, tokens)
+    got_grow, grown = decode_all(grow, tokens)
+    for what, got in (("fixed", got_fixed), ("grow", got_grow)):
+        c = compare(got, eager, tolerance=tol)
+        assert c.ok, f"{name} {backend} {what}-cache decode vs eager over {STEPS} steps: {c}"
+    c = compare(got_fixed, got_grow, tolerance=tol)
+    assert c.ok, f"{name} {backend}: fixed vs grow cache over {STEPS} steps: {c}"
+    # the caches kept their capacity and were written at each sequence's position
+    assert state["positions"].tolist() == [CAPACITY] * BATCH
+    caches = [k for k in grown if grown[k].shape[1] == CAPACITY]
+    assert caches, "the growing state has caches"
+    for k in grown:
+        assert state[k].shape == grown[k].shape, k  # full capacity: the same rows
+        c = compare(state[k], grown[k], tolerance=tol)
+        assert c.ok, f"{name} {backend}: state {k!r} fixed vs grow: {c}"

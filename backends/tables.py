@@ -51,7 +51,8 @@ TABLES: dict[str, Registry] = {b: Registry(f"{b} lowering of op") for b in ("onn
 _BUILTIN = {
     "onnx": ("k3c.backends.onnx.standard", "k3c.backends.onnx.custom", "k3c.backends.onnx.functions"),
     "onnx:ort": ("k3c.backends.onnx.ort",),
-    "tvm": ("k3c.backends.tvm.relax_ops", "k3c.backends.tvm.kernel_ops", "k3c.backends.tvm.chunk_ops"),
+    "tvm": ("k3c.backends.tvm.relax_ops", "k3c.backends.tvm.kernel_ops", "k3c.backends.tvm.chunk_ops",
+            "k3c.backends.tvm.cache_ops"),
     "triton": ("k3c.backends.triton.lowering",),
 }
 _loaded: set[str] = set()

@@ -11,7 +11,7 @@ directly (random rows at the scale of real ones; `positions` = P), then `--steps
 are timed, the fastest of `--repeat` runs kept (a CPU shared with other work varies by 2x).
 Prefill: T = `--prefill` tokens through `prefill` (all logits) and `prefill_last`.
 Generate: greedy tokens per second of `k3c.generate.generate` through the onnx artifact and
-through the eager model, the same prompt.
+through the eager model (the same prompt and cache capacity, that of the smallest artifact).
 """
 
 from __future__ import annotations
@@ -99,7 +99,8 @@ def main() -> None:
             dict.fromkeys(contexts, artifact(be, max(contexts) + 64))
         report["decode_ms"][be] = {P: decode_step_ms(arts[P], model, P, args.steps, args.repeat) for P in contexts}
         print(be, "decode ms", report["decode_ms"][be], flush=True)
-        pre = artifact(be, args.prefill) if be == "onnx" else arts[contexts[-1]]
+        # the smallest artifact that holds the prompt serves the prefill and generation rows
+        pre = next((arts[P] for P in contexts if P + 64 >= args.prefill), None) or artifact(be, args.prefill)
         ids = torch.randint(0, model.config.vocab_size, (1, args.prefill))
         with torch.no_grad():
             report["prefill_ms"][be] = {lg: 1e3 * best(lambda lg=lg, pre=pre, ids=ids: pre.prefill(ids, logits=lg),
@@ -108,10 +109,9 @@ def main() -> None:
         print(be, "prefill ms", report["prefill_ms"][be], flush=True)
         if be == "onnx":
             prompt = [ids[0, :16].tolist()]
-            gen_art = artifact(be, 16 + args.new_tokens)
-            generate(gen_art, prompt, 2)  # warm-up: sessions
-            report["generate_tokens_per_s"][be] = generate(gen_art, prompt, args.new_tokens)[1]["tokens_per_s"]
-            eager = EagerRunner(model, 16 + args.new_tokens)
+            generate(pre, prompt, 2)  # warm-up: sessions
+            report["generate_tokens_per_s"][be] = generate(pre, prompt, args.new_tokens)[1]["tokens_per_s"]
+            eager = EagerRunner(model, pre.max_context)
             report["generate_tokens_per_s"]["eager"] = generate(eager, prompt, args.new_tokens)[1]["tokens_per_s"]
             print("generate tokens/s", report["generate_tokens_per_s"], flush=True)
     print(json.dumps(report, indent=1))

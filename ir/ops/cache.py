@@ -98,13 +98,17 @@ def _mla_decompose(b, q, ckv, krope, w_kv_b, positions, *, v_head_dim, scale):
 
 
 def _absorbed_decompose(b, q, ckv, krope, w_uk, w_uv, positions, *, scale):
+    """The scores as cache @ queries ([B, N, Dc] @ [B, Dc, H T]): no transpose of the cache,
+    only of the [B, N, H T] scores, which are H T / (Dc + Dr) of its size."""
     B, T, H, Dq = b.type(q).shape
     N, Dc, Dr = b.type(ckv).shape[1], b.type(ckv).shape[2], b.type(krope).shape[2]
+    HT = D.normalize(H * T)
     q_nope, q_rope = b.op("split", [q], dim=3, sizes=[D.normalize(Dq - Dr), Dr])
     q_lat = b.op("matmul", [_heads_first(b, q_nope), w_uk])  # [B, H, T, Dc]
-    keys_t = lambda x, d: b.op("reshape", [b.op("permute", [x], perm=[0, 2, 1])], shape=[B, 1, d, N])  # noqa: E731
-    scores = b.op("add", [b.op("matmul", [q_lat, keys_t(ckv, Dc)]),
-                          b.op("matmul", [_heads_first(b, q_rope), keys_t(krope, Dr)])])
+    cols = lambda x, d: b.op("reshape", [b.op("permute", [x], perm=[0, 3, 1, 2])], shape=[B, d, HT])  # noqa: E731
+    s_nt = b.op("add", [b.op("matmul", [ckv, cols(q_lat, Dc)]),
+                        b.op("matmul", [krope, cols(_heads_first(b, q_rope), Dr)])])  # [B, N, H T]
+    scores = b.op("reshape", [b.op("permute", [s_nt], perm=[0, 2, 1])], shape=[B, H, T, N])
     o_lat = _masked_softmax_attend(b, scores, b.op("reshape", [ckv], shape=[B, 1, N, Dc]), positions, scale)
     o = b.op("matmul", [o_lat, b.op("permute", [w_uv], perm=[0, 2, 1])])  # [B, H, T, Dv]
     return [_heads_first(b, o)]

@@ -31,7 +31,15 @@ class ReferenceRunner:
 
 
 class ReferenceBackend:
+    """`compute`: None computes in the model's own dtypes, as eager does; "f32" computes a
+    BF16 model in float32 from its stored weights (the compute-dtype pass)."""
+
     name = "reference"
+
+    def __init__(self, compute: str | None = None):
+        if compute not in (None, "f32"):
+            raise ValueError(f"reference backend: compute must be None (the model's dtypes) or 'f32', got {compute!r}")
+        self.compute_dtype = compute
 
     def is_available(self) -> tuple[bool, str]:
         return True, ""

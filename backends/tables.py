@@ -53,7 +53,7 @@ _BUILTIN = {
              "k3c.backends.onnx.cache"),
     "onnx:ort": ("k3c.backends.onnx.ort",),
     "tvm": ("k3c.backends.tvm.relax_ops", "k3c.backends.tvm.kernel_ops", "k3c.backends.tvm.chunk_ops",
-            "k3c.backends.tvm.cache_ops"),
+            "k3c.backends.tvm.quant_ops", "k3c.backends.tvm.cache_ops"),
     "triton": ("k3c.backends.triton.lowering",),
 }
 _loaded: set[str] = set()

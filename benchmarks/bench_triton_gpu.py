@@ -1,8 +1,19 @@
 """The Triton backend on a CUDA GPU (H100/H200 class): KDA chunked prefill against fla and the
-torch chunked reference, and k3-small prefill against eager and torch.compile.
+torch chunked reference, and k3-small prefill against eager and torch.compile; first, on any
+machine, the ahead-of-time report of K3's kernels and their roofline projection.
 
-    python benchmarks/bench_triton_gpu.py [--only kda|model] [--json FILE]
+    python benchmarks/bench_triton_gpu.py [--aot] [--only kda|model] [--json FILE]
         [--T 8192] [--model-T 4096] [--peak-tflops F] [--peak-tf32-tflops F] [--peak-gbps F]
+        [--target sm_90] [--aot-model k3] [--aot-layers 4] [--aot-out DIR]
+
+0. AOT (no GPU needed; `--aot` stops after it): K3 built on the meta device, in bf16, with
+   4 of its 93 layers (a dense, three KDA and an MLA layer: every kind of layer K3 has, each
+   at K3's shapes; `--aot-layers 93` for all, which takes minutes to capture), compiled by
+   k3c for Triton with every kernel compiled for --target (backends/triton/aot.py): the
+   kernels.json summary per kernel, then a roofline per Triton op on H200 at B = 1, prefill
+   T = --T and a decode step after it (backends/triton/roofline.py: FLOPs and bytes from
+   passes/cost.py, peaks from the datasheet), and chunked KDA's projection beside fla's
+   measured chunk_kda. A projection, labelled as one.
 
 1. KDA forward, bf16 inputs, B = 1, T = 8192, H = 16, K = V = 128 (fp32 state): k3c's three
    Triton pieces (and each piece alone), fla's `chunk_kda`, k3c's torch chunked reference.
@@ -50,17 +61,83 @@ def bench_ms(fn) -> float:
 
 
 def kda_work(B: int, T: int, H: int, K: int, V: int, C: int = 64) -> tuple[float, float]:
-    """(FLOPs, bytes) of chunked KDA forward. Per chunk and head: scores q k^T and k k^T
-    (2 * 2C^2K), WY w = A (k exp G) and u = A v (2C^2K + 2C^2V), scan w S and k^T v_new
-    (4CKV), output (q exp G) S and Aqk v_new (2CKV + 2C^2V). Bytes: bf16 q, k, g [K], v [V],
-    beta read once, bf16 o written once."""
-    NC = -(-T // C)
-    per_chunk = 4 * C * C * K + 2 * C * C * K + 2 * C * C * V + 4 * C * K * V + 2 * C * K * V + 2 * C * C * V
-    flops = float(per_chunk) * NC * B * H
-    nbytes = 2.0 * B * T * H * (3 * K + V + 1) + 2.0 * B * T * H * V
-    return flops, nbytes
+    """(FLOPs, bytes) of chunked KDA forward from passes/cost.py: the FLOPs of its three chunked
+    pieces, the bytes of the `kda` op (bf16 q, k, v, fp32 g, beta and state read once, o and
+    the state written once), the traffic a fully fused kernel would have."""
+    from k3c.ir import TensorType
+    from k3c.passes.cost import chunk_delta_cost, op_cost
+
+    flops = sum(c.flops for c in chunk_delta_cost(B, T, H, K, V, "bf16", C).values())
+    qk, v, g = TensorType("bf16", (B, T, H, K)), TensorType("bf16", (B, T, H, V)), TensorType("f32", (B, T, H, K))
+    kda, _ = op_cost("kda", [qk, qk, v, g, TensorType("f32", (B, T, H)), TensorType("f32", (B, H, K, V))],
+                     {"scale": K**-0.5})
+    return float(flops), float(kda.bytes)
 
 
+# fla's chunk_kda measured elsewhere (bf16, K = V = 128, B = 1): (GPU, T, H, ms, where)
+FLA_ANCHORS = [("H100 SXM", 8192, 16, 0.933, "fla chunk_kda, NVIDIA/cudnn-frontend#1017"),
+               ("H800", 8192, 96, 3.176, "fla chunk_kda, fla-org/flash-linear-attention#915"),
+               ("H800", 8192, 96, 1.986, "fla fused inference kernels (BT = 16), same PR")]
+CHUNK_OPS = ("chunk_prepare", "chunk_state_scan", "chunk_output")
+
+
+def aot_report(args) -> dict:
+    """0. K3's kernels compiled for args.target without a GPU, and their roofline on H200."""
+    import tempfile
+
+    import k3c
+    from k3c.backends.triton.aot import load_report
+    from k3c.backends.triton.roofline import H200, markdown, roofline
+
+    n = args.aot_layers
+    overrides = {} if args.aot_model != "k3" or n == 93 else {
+        "num_layers": n, "mla_layers": tuple(sorted(set(range(4, n + 1, 4)) | {n}))}
+    model = k3c.models.build(args.aot_model, dtype=torch.bfloat16, device="meta", **overrides)
+    out = args.aot_out or tempfile.mkdtemp(prefix="k3c-aot-")
+    t0 = time.perf_counter()
+    k3c.compile(model, "triton", (torch.zeros(1, 16, dtype=torch.long, device="meta"),), out_dir=out,
+                target=args.target, seq_len=args.T)
+    seconds = time.perf_counter() - t0
+    report = load_report(out)
+    print(f"\n{args.aot_model} ({n} layers), bf16: every Triton kernel compiled for {args.target} "
+          f"(capture, passes and compile {seconds:.0f} s) into {out}")
+    print(report.table())
+    for line in report.problems():
+        print(f"  {line}")
+    rows = roofline(out, {"B": 1, "T": args.T, "P": args.T})
+    print(f"\nRoofline projection on {H200.name} (not a measurement), B=1, prefill T={args.T}, decode after it:")
+    print(markdown(rows, H200))
+
+    anchors = kda_anchors(out)
+    return {"summary": report.summary(), "roofline": [r.__dict__ | {"seconds_h200": r.seconds(H200)} for r in rows],
+            "kda_anchors": anchors}
+
+
+def kda_anchors(out: str) -> list[dict]:
+    """k3c's three chunked-KDA pieces of one layer (as the artifact's prefill graph has them, at
+    T = 8192, each with its kernels' dot kind) projected beside fla's measured chunk_kda. Every
+    term of the pieces' cost has a factor H, so other head counts scale the layer's cost."""
+    from k3c.backends.triton.roofline import H100, H200, roofline
+
+    kda = {r.op: r for r in roofline(out, {"B": 1, "T": 8192, "P": 8192})
+           if r.entry == "prefill" and r.op in CHUNK_OPS}
+    if set(kda) != set(CHUNK_OPS):
+        print("(no chunked KDA in this model)")
+        return []
+    heads = int(kda["chunk_prepare"].shape.split("x")[2])
+    print(f"\nChunked KDA forward, one layer, B=1 T=8192 K=V=128, as in {heads}-head K3 (dots: "
+          f"{', '.join(f'{op} {r.dot}' for op, r in kda.items())}): roofline of k3c's pieces beside fla's measured")
+    print("| GPU | H | fla measured ms | source | k3c projected ms (a + b + c) | k3c GB moved |")
+    print("|---|---|---|---|---|---|")
+    anchors = []
+    for gpu, T, H, ms, source in FLA_ANCHORS + [("H200", 8192, heads, None, "-")]:
+        peaks = H200 if gpu == "H200" else H100  # the H800's compute and memory peaks are the H100 SXM's
+        proj = sum(r.seconds(peaks) for r in kda.values()) * H / heads
+        gb = sum(r.bytes for r in kda.values()) * H / heads / 1e9
+        print(f"| {gpu} | {H} | {ms if ms else '-'} | {source} | {proj * 1e3:.3f} | {gb:.2f} |")
+        anchors.append({"gpu": gpu, "T": T, "H": H, "fla_ms": ms, "source": source, "k3c_projected_ms": proj * 1e3,
+                        "k3c_gbytes": gb})
+    return anchors
 def kda_inputs(B, T, H, K, V, seed=0):
     g = torch.Generator(device="cuda").manual_seed(seed)
     r = lambda *s: torch.randn(*s, device="cuda", generator=g)
@@ -170,6 +247,11 @@ def bench_model(args) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--aot", action="store_true", help="only the AOT report and roofline (no GPU needed)")
+    p.add_argument("--target", default="sm_90", help="GPU target of the AOT report (sm_80, sm_90, sm_100)")
+    p.add_argument("--aot-model", default="k3", help="model of the AOT report (default k3)")
+    p.add_argument("--aot-layers", type=int, default=4, help="k3's layers in the AOT report (default 4; 93: all)")
+    p.add_argument("--aot-out", help="folder for the AOT artifact (default: temporary)")
     p.add_argument("--only", choices=["kda", "model"])
     p.add_argument("--T", type=int, default=8192, help="KDA length (default 8192)")
     p.add_argument("--model-T", type=int, default=4096, help="k3-small prefill length (default 4096)")
@@ -179,17 +261,25 @@ def main(argv=None) -> int:
     p.add_argument("--peak-gbps", type=float, help="memory bandwidth peak of this GPU")
     p.add_argument("--json", help="also write the figures to this file")
     args = p.parse_args(argv)
+    out = {"aot": aot_report(args)}
+    if args.aot:
+        return _write(args, out)
     if not torch.cuda.is_available():
-        print("bench_triton_gpu: needs a CUDA GPU (the Triton kernels run compiled there)", file=sys.stderr)
+        print("bench_triton_gpu: needs a CUDA GPU for the timings (the Triton kernels run compiled there); "
+              "--aot for the report alone", file=sys.stderr)
+        _write(args, out)
         return 2
-    out = {}
     if args.only in (None, "kda"):
         out["kda"] = bench_kda(args)
     if args.only in (None, "model"):
         out["k3_small"] = bench_model(args)
+    return _write(args, out)
+
+
+def _write(args, out: dict) -> int:
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(out, f, indent=2)
+            json.dump(out, f, indent=2, default=str)
     return 0
 
 

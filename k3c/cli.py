@@ -53,12 +53,24 @@ def _example_ids(model, batch: int = 2, seq_len: int = 16):
     return ids.to(device)
 
 
+def _build(models, args: argparse.Namespace):
+    """The model of --model in the precision of --dtype and --experts (default: fp32, dense)."""
+    dtype = {"bf16": "bfloat16", "f32": None, None: None}[getattr(args, "dtype", None)]
+    return models.build(args.model, dtype=dtype, experts=getattr(args, "experts", None))
+
+
+def _precision_args(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--dtype", choices=["f32", "bf16"], help="weights in this dtype, the F32 tensors of the "
+                   "release kept (default f32); the CPU backends compute a bf16 model in float32")
+    s.add_argument("--experts", choices=["mxfp4"], help="routed experts stored as MXFP4, as K3 is released")
+
+
 def _capture_for_cli(args: argparse.Namespace):
     from . import capture, models, passes
 
     pipeline = "default" if (args.after or args.dump_after) and args.pipeline == "none" else args.pipeline
     passes.check_pipeline(pipeline, stop_after=args.after, dump_after=args.dump_after)  # before a slow capture
-    model = models.build(args.model)
+    model = _build(models, args)
     graph = capture(model, (_example_ids(model),), entry=args.entry)
     if pipeline != "none":
         report = [] if args.report else None
@@ -103,7 +115,7 @@ def _cmd_diff(args: argparse.Namespace) -> int:
         from .stress import check
 
         check(args.stress)
-    model = models.build(args.model)
+    model = _build(models, args)
     report = diff(model, specs, seq_len=args.seq_len, batch=args.batch,
                   decode_steps=args.decode_steps, passes=args.pipeline, out_root=args.out,
                   bisect=not args.no_bisect, progress=lambda m: print(m, file=sys.stderr), stress=args.stress,
@@ -126,7 +138,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     if args.plot:
         checks.plot_available()
     specs = _backend_list(args, args.backends, "--backends")
-    model = models.build(args.model)
+    model = _build(models, args)
     report = bench(model, specs, seq_len=args.seq_len, decode_steps=args.decode_steps,
                    batch=args.batch, warmup=args.warmup, repeats=args.repeats,
                    torch_compile=not args.no_torch_compile, passes=args.pipeline, out_root=args.out,
@@ -148,8 +160,8 @@ def _cmd_compile_all(args: argparse.Namespace) -> int:
     from .diff import diff, format_table
 
     names = _backend_list(args, args.backend, "--backend")
-    model = models.build(args.model)
-    report = diff(model, names, seq_len=args.seq_len, decode_steps=4, passes=args.pipeline,
+    model = _build(models, args)
+    report = diff(model, names, seq_len=args.seq_len or 130, decode_steps=4, passes=args.pipeline,
                   out_root=args.out, progress=lambda m: print(m, file=sys.stderr), force=args.force)
     rows = [("backend", "artifact", "compile s", "max_abs_err", "rel_rms_err", "ok", "warm prefill vs eager")]
     for b in report.backends.values():
@@ -157,7 +169,7 @@ def _cmd_compile_all(args: argparse.Namespace) -> int:
         status = "yes" if b.ok else "NO" + (f" ({b.error.splitlines()[0][:90]})" if b.error else "")
         rows.append((b.backend, b.artifact, f"{b.compile_seconds:.1f}", f"{b.max_abs_err:.1e}",
                      f"{b.rel_rms_err:.1e}", status, speed))
-    print(f"{report.model}: prefill T={args.seq_len}, B=2, 4 decode steps, each backend against eager PyTorch")
+    print(f"{report.model}: prefill T={args.seq_len or 130}, B=2, 4 decode steps, each backend against eager PyTorch")
     print(format_table(rows))
     if "triton" in report.backends:
         from .kernels.common import triton_mode
@@ -177,21 +189,43 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     if len(specs) != 1:
         raise UsageError(f"--backend {args.backend} with --flavour {args.flavour}: one artifact takes one flavour")
     name, _, flavour = specs[0].partition(":")
+    aot = name == "triton" and args.target is not None
+    if aot:
+        from .backends.triton.aot import target
+
+        target(args.target)  # an unknown target is said before a slow capture
     options = {}
     if name == "onnx":
         options["flavour"] = flavour or "portable"
     if args.target:
         options["target"] = args.target
+    if aot and args.seq_len:
+        options["seq_len"] = args.seq_len
     if args.out is not None:  # before the model is built: a target that may not be replaced fails now
         from .backends import artifact
 
         artifact.check_target(args.out, backend=name, model=args.model, variant=options.get("flavour") or (
             (args.target or "llvm") if name == "tvm" else None), force=args.force)
-    model = models.build(args.model)
-    compiled = k3c_compile(model, name, (_example_ids(model),), out_dir=args.out,
-                           passes=args.pipeline, verbose=True, force=args.force,
-                           pass_options={"verify_each": args.verify, "dump_after": args.dump_after},
-                           max_context=args.max_context, cache=args.cache, **options)
+    model = _build(models, args)
+    try:
+        compiled = k3c_compile(model, name, (_example_ids(model),), out_dir=args.out,
+                               passes=args.pipeline, verbose=True, force=args.force,
+                               pass_options={"verify_each": args.verify, "dump_after": args.dump_after},
+                               max_context=args.max_context, cache=args.cache, **options)
+    except RuntimeError as e:
+        from .backends.triton.aot import AotError
+
+        if not isinstance(e, AotError):
+            raise
+        print(f"k3c compile: {e}", file=sys.stderr)  # kernels that cannot run on the target: a finding
+        return 1
+    if aot:
+        from .backends.triton.aot import load_report
+
+        report = load_report(compiled.out_dir)
+        print(report.table())
+        for line in report.problems():
+            print(f"  {line}")
     print(compiled.out_dir)
     return 0
 
@@ -229,6 +263,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--report", action="store_true", help="print what each pass changed to stderr")
     s.add_argument("--backend", choices=["tvm"], help="print what this backend compiles (tvm: the scheduled TIR)")
     s.add_argument("--target", help="tvm: llvm or cuda (default llvm)")
+    _precision_args(s)
     s.set_defaults(func=_cmd_show)
 
     s = sub.add_parser("compile", help="compile a model to a backend and write the artifact")
@@ -238,14 +273,17 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--pipeline", default="default", help="pass pipeline (default: default)")
     s.add_argument("--flavour", help="onnx: custom-op flavour, portable or ort (with --backend all: a list, "
                                      "default portable,ort)")
-    s.add_argument("--target", help="tvm: llvm or cuda")
+    s.add_argument("--target", help="tvm: llvm or cuda; triton: sm_80, sm_90 or sm_100 (every kernel compiled "
+                   "ahead of time: cubins and kernels.json, no GPU needed)")
     s.add_argument("--dump-after", metavar="PASS", help="print the IR of each entry after this pass")
     s.add_argument("--verify", action="store_true", help="run the verifier after every pass")
-    s.add_argument("--seq-len", type=checks.count(1), default=130,
-                   help="with --backend all: prefill length of the check")
+    s.add_argument("--seq-len", type=checks.count(1),
+                   help="with --backend all: prefill length of the check (default 130); "
+                   "with --target sm_*: the prefill length the kernels are compiled for (default 8192)")
     s.add_argument("--force", action="store_true", help="replace what --out holds, even another artifact")
     s.add_argument("--max-context", type=checks.count(2), help="fixed-capacity caches of this many rows")
     s.add_argument("--cache", choices=["fixed", "grow"], help="the caches' form (fixed needs --max-context)")
+    _precision_args(s)
     s.set_defaults(func=_cmd_compile)
 
     s = sub.add_parser("diff", help="run eager and backends on the same inputs; exit 1 when one is off")
@@ -264,6 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--force", action="store_true", help="replace what --out holds, even other artifacts")
     s.add_argument("--no-bisect", action="store_true", help="do not look for the first differing node")
     s.add_argument("-v", "--verbose", action="store_true", help="one row per output and state tensor")
+    _precision_args(s)
     s.set_defaults(func=_cmd_diff)
 
     s = sub.add_parser("bench", help="time prefill and decode: eager, torch.compile and backends")
@@ -282,6 +321,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", help="folder for the artifacts (default: a temporary one, removed at the end)")
     s.add_argument("--keep", action="store_true", help="keep the temporary artifacts")
     s.add_argument("--force", action="store_true", help="replace what --out holds, even other artifacts")
+    _precision_args(s)
     s.set_defaults(func=_cmd_bench)
 
     s = sub.add_parser("generate", help="greedy generation through an artifact with fixed-capacity caches")

@@ -106,12 +106,15 @@ class CompiledModel:
 def prepare(graphs: dict[str, Graph], be, passes: str | list[str] = "default",
             pass_options: dict | None = None) -> dict[str, Graph]:
     """The graphs `be` lowers: the pass pipeline with the backend's choices in it (the
-    recurrent ops it takes whole stay whole through chunk-delta-rule), then every node the
-    backend has no lowering for rewritten into its op's decomposition. An op that is neither
+    recurrent ops it takes whole stay whole through chunk-delta-rule; a BF16 model computes
+    in the backend's `compute_dtype`, from its stored weights), then every node the backend
+    has no lowering for rewritten into its op's decomposition. An op that is neither
     lowered nor decomposable is an UnsupportedNodeError naming it and the model line."""
     from . import passes as passes_mod
 
-    steps = passes_mod.for_backend(passes_mod.steps_of(passes), keep=getattr(be, "takes_whole", ()))
+    low = any(t.dtype in ("bf16", "f16") for g in graphs.values() for v, t in g.types.items() if v not in g.weights)
+    compute = getattr(be, "compute_dtype", None) if low else None  # a BF16 model on a float32 backend
+    steps = passes_mod.for_backend(passes_mod.steps_of(passes), keep=getattr(be, "takes_whole", ()), compute=compute)
     recorded = passes if steps == passes_mod.steps_of(passes) else steps  # what an artifact says it ran
     out = {}
     for entry, g in graphs.items():

@@ -29,6 +29,7 @@ from .backends import artifact
 from .bisect import first_divergent_node, first_divergent_prefix  # noqa: F401  (public names)
 from .compiler import capture_entries, prepare, rebind_weights
 from .errors import UsageError
+from .models.precision import fp32_copy, low_precision
 from .numerics import Tolerance, compare, model_tolerance, rel_rms_err
 
 
@@ -83,13 +84,15 @@ class DiffReport:
     backends: dict[str, BackendDiff]
     eager_prefill_seconds: float = 0.0
     stress: str | None = None
+    compute: str | None = None  # "f32": the backends computed a BF16 model in float32 (see diff)
 
     @property
     def ok(self) -> bool:
         return all(b.ok for b in self.backends.values())
 
     def to_json(self) -> dict:
-        return {"model": self.model, "shapes": self.shapes, "stress": self.stress, "ok": self.ok,
+        return {"model": self.model, "shapes": self.shapes, "stress": self.stress, "compute": self.compute,
+                "ok": self.ok,
                 "backends": {k: asdict(v) for k, v in self.backends.items()}}
 
     def table(self, per_tensor: bool = False) -> str:
@@ -120,12 +123,19 @@ def seeded_ids(vocab: int, B: int, T: int, seed: int = 0) -> torch.Tensor:
     return torch.randint(0, vocab, (B, T), generator=torch.Generator().manual_seed(seed))
 
 
-def backend_for(spec: str):
-    """A backend object from a name as `diff` takes it: NAME or NAME:FLAVOUR (onnx:ort)."""
+def backend_for(spec: str, compute: str | None = None):
+    """A backend object from a name as `diff` takes it: NAME or NAME:FLAVOUR (onnx:ort),
+    computing in `compute` ("f32") when given."""
     name, _, variant = spec.partition(":")
     if variant and name != "onnx":
         raise UsageError(f"backend {spec!r}: only onnx has flavours (onnx:portable, onnx:ort)")
-    return backends_mod.get(name, **({"flavour": variant} if variant else {}))
+    be = backends_mod.get(name, **({"flavour": variant} if variant else {}))
+    if compute is None or getattr(be, "compute_dtype", None) == compute:
+        return be
+    try:
+        return backends_mod.get(name, compute=compute, **({"flavour": variant} if variant else {}))
+    except TypeError:
+        raise UsageError(f"backend {spec!r} cannot compute in {compute}") from None
 
 
 @dataclass
@@ -166,13 +176,18 @@ def diff(model: torch.nn.Module, backends: list[str], *, seq_len: int = 130, bat
          decode_steps: int = 8, capture_len: int = 16, passes: str | list[str] = "default", seed: int = 0,
          out_root: str | Path | None = None, bisect: bool = True, progress=None, stress: str | None = None,
          keep: bool = False, force: bool = False, captured: dict | None = None,
-         timing: bool = True) -> DiffReport:
+         timing: bool = True, compute: str | None = None) -> DiffReport:
     """Compare each backend with eager `model` on prefill(seq_len) and `decode_steps` decode steps.
 
     `stress` runs it at the weights of a k3c.stress edit. Without `out_root` the artifacts go
     to a temporary folder that is removed at the end unless `keep`. `captured`: the graphs of
     `capture_entries` for this model (or one of its structure: its weights are rebound), not
-    yet through the passes. `timing` False skips the second (timed) prefill of each backend."""
+    yet through the passes. `timing` False skips the second (timed) prefill of each backend.
+
+    `compute` "f32" (the default for a model with BF16 weights): every backend computes in
+    float32 from the stored weights, and is compared with the model in float32 on the same
+    weights (BF16 widened, MXFP4 decoded: models.precision.fp32_copy). A BF16 computation of
+    a MoE model is no yardstick: one routing flip moves a token's logits by O(1)."""
     if not backends:
         raise UsageError("no backend to compare")
     if decode_steps < 0 or seq_len < 1 or batch < 1:
@@ -189,7 +204,10 @@ def diff(model: torch.nn.Module, backends: list[str], *, seq_len: int = 130, bat
         say(f"capturing {name}")
         captured = capture_entries(model, (ids[:, :capture_len],))
     captured = rebind_weights(captured, model)
-    ref = _eager(model, ids, seq_len, decode_steps)
+    if compute is None and low_precision(model):
+        compute = "f32"
+    yardstick = fp32_copy(model) if compute == "f32" else model
+    ref = _eager(yardstick, ids, seq_len, decode_steps)
     t0 = time.perf_counter()  # the speed column compares warm runs: a second prefill
     if timing:
         model.prefill(ids[:, :seq_len])
@@ -197,12 +215,13 @@ def diff(model: torch.nn.Module, backends: list[str], *, seq_len: int = 130, bat
     temporary = out_root is None
     root = Path(tempfile.mkdtemp(prefix="k3c-diff-")) if temporary else Path(out_root)
     report = DiffReport(name, {"batch": batch, "prefill_len": seq_len, "decode_steps": decode_steps,
-                               "capture_len": capture_len}, {}, eager_s, stress)
+                               "capture_len": capture_len}, {}, eager_s, stress, compute)
     try:
         for spec in backends:
             say(f"{spec}: lowering and running")
             report.backends[spec] = _diff_backend(spec, captured, passes, ids, seq_len, decode_steps, ref,
-                                                  root / spec.replace(":", "-"), bisect, force, keep, timing, say)
+                                                  root / spec.replace(":", "-"), bisect, force, keep, timing, say,
+                                                  compute)
     finally:
         if temporary and not keep:
             shutil.rmtree(root, ignore_errors=True)
@@ -212,10 +231,10 @@ def diff(model: torch.nn.Module, backends: list[str], *, seq_len: int = 130, bat
 
 
 def _diff_backend(spec: str, captured, passes, ids, seq_len: int, decode_steps: int, ref: _Eager, out_dir: Path,
-                  bisect: bool, force: bool, keep: bool, timing: bool, say) -> BackendDiff:
+                  bisect: bool, force: bool, keep: bool, timing: bool, say, compute: str | None) -> BackendDiff:
     d = BackendDiff(spec, artifact=str(out_dir))
     try:
-        be = backend_for(spec)
+        be = backend_for(spec, compute)
         graphs = prepare(captured, be, passes)  # the pipeline as this backend runs it, legalized
         t0 = time.perf_counter()
         artifact.write(be, graphs, out_dir, force=force)

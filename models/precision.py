@@ -109,6 +109,21 @@ def dequantize_experts(model: nn.Module, dtype: torch.dtype = torch.float32) -> 
     return model
 
 
+def low_precision(model: nn.Module) -> bool:
+    """The model holds floating weights narrower than float32 (a BF16 release)."""
+    return any(t.is_floating_point() and t.dtype.itemsize < 4 for t in [*model.parameters(), *model.buffers()])
+
+
+def fp32_copy(model: nn.Module) -> nn.Module:
+    """The same model in float32 on the same weights: each BF16 value widened, each MXFP4
+    expert decoded exactly. What a float32 computation from the stored weights must match."""
+    import copy
+
+    out = dequantize_experts(copy.deepcopy(model)).float()
+    out.name = getattr(model, "name", type(model).__name__)
+    return out
+
+
 def unique_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
     """The state dict with tied tensors once (GPT-2's lm_head is its embedding)."""
     seen: set[int] = set()

@@ -18,7 +18,19 @@ if __name__ != "k3c.passes":  # this folder imported under its bare name, e.g. b
 
 from ..ir import Graph
 from ..registry import Registry
-from . import chunk_delta_rule, constant_fold, cse, dce, fold_latent_moe, fuse_norms, fuse_situ, last_token_logits  # noqa: F401,E501
+from . import (  # noqa: F401  (register the passes)
+    chunk_delta_rule,
+    compute_dtype,
+    constant_fold,
+    cse,
+    dce,
+    decompose,
+    fold_latent_moe,
+    fold_mxfp4,
+    fuse_norms,
+    fuse_situ,
+    last_token_logits,
+)
 from .builder import Builder
 from .cost import COST_AT, Cost, graph_cost
 from .driver import Rule, apply_rules
@@ -29,10 +41,12 @@ from .registry import PASSES, register_pass, rule_pass
 
 PIPELINES: Registry = Registry("pipeline")
 PIPELINES.add("none", [])
-# fold weight-only subgraphs first (so later patterns see weights), fuse the activations and
-# norms before merging GEMMs (gate/up belong to gated_mlp), chunk last, then sweep.
-PIPELINES.add("default", ["constant-fold", "cse", "fuse-situ", "fuse-norms", "fold-latent-moe", "chunk-delta-rule",
-                          "dce"])
+# fold weight-only subgraphs first (so later patterns see weights), MXFP4 experts in their
+# canonical form (decode + the dense op) for the fusions, fuse the activations and norms before
+# merging GEMMs (gate/up belong to gated_mlp), fold the decodes back into the fused experts,
+# chunk last, then sweep.
+PIPELINES.add("default", ["constant-fold", "cse", 'decompose{ops=["moe_down_mxfp4", "moe_gate_up_mxfp4"]}',
+                          "fuse-situ", "fuse-norms", "fold-latent-moe", "fold-mxfp4", "chunk-delta-rule", "dce"])
 
 
 def steps_of(pipeline: str | list[str]) -> list:

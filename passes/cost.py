@@ -56,6 +56,11 @@ def _shape(t: TensorType, env: tuple) -> Shape:
     return tuple(_eval(d, env) for d in t.shape)
 
 
+def static_shape(t: TensorType, env: dict[str, int]) -> Shape:
+    """The shape of `t` with its dims bound by `env` (a binding() result)."""
+    return _shape(t, tuple(sorted(env.items())))
+
+
 def _bytes(t: TensorType, shape: Shape) -> int:
     return math.prod(shape) * t.torch_dtype.itemsize
 
@@ -76,12 +81,56 @@ def node_cost(graph: Graph, node: Node, env: dict[str, int], types=None) -> Cost
     if node.op in VIEWS or "view" in OPS[node.op].families:
         return Cost(flops, 0)
     seen, nbytes = set(), 0
-    for name, shape in zip(node.inputs, ins):
+    touched = _experts_touched(node, ins)
+    for i, (name, shape) in enumerate(zip(node.inputs, ins)):
         if name not in seen:
             seen.add(name)
-            nbytes += _bytes(types[name], shape)
+            nbytes += int(_bytes(types[name], shape) * touched.get(i, 1.0))
     nbytes += sum(_bytes(types[o], s) for o, s in zip(node.outputs, outs))
     return Cost(flops, nbytes)
+
+
+# inputs of a routed-expert op (the `moe` family) that hold one slice per expert
+_PER_EXPERT = frozenset({"w13", "w2", "w13_packed", "w13_scale", "w2_packed", "w2_scale"})
+
+
+def _experts_touched(node: Node, ins: list[Shape]) -> dict[int, float]:
+    """The fraction of each expert weight a routed-expert op reads: N * k (token, slot) pairs
+    reach at most min(E, N k) of the E experts (a decode step of K3 reads 16 of 896)."""
+    spec = OPS[node.op]
+    if "moe" not in spec.families or "idx" not in spec.tensor_inputs:
+        return {}
+    names = spec.tensor_inputs[:len(ins)]
+    weights = [i for i, n in enumerate(names) if n in _PER_EXPERT]
+    if not weights:
+        return {}
+    E, pairs = ins[weights[0]][0], math.prod(ins[names.index("idx")])
+    return {i: min(E, pairs) / E for i in weights}
+
+
+def op_cost(op: str, in_types: list[TensorType], attrs: dict | None = None) -> tuple[Cost, list[TensorType]]:
+    """(cost, output types) of one `op` on operands of static `in_types`, counted as node_cost
+    counts a node of the graph: for a kernel outside a graph (a benchmark's)."""
+    attrs = dict(attrs or {})
+    outs = OPS[op].infer(*in_types, **OPS[op].full_attrs(attrs))
+    node = Node(op, [f"in{i}" for i in range(len(in_types))], [f"out{i}" for i in range(len(outs))], attrs)
+    types = {**dict(zip(node.inputs, in_types)), **dict(zip(node.outputs, outs))}
+    return node_cost(Graph(), node, {}, types), outs
+
+
+def chunk_delta_cost(B: int, T: int, H: int, K: int, V: int, dtype: str = "bf16", chunk_size: int = 64,
+                     gate: str = "channel") -> dict[str, Cost]:
+    """The three pieces of the chunked delta rule (KDA for gate "channel") at static sizes,
+    as the chunk-delta-rule pass writes them: {"chunk_prepare": ..., "chunk_state_scan": ...,
+    "chunk_output": ...}, in the dtype of q, k, v (state and pieces fp32)."""
+    q, v = TensorType(dtype, (B, T, H, K)), TensorType(dtype, (B, T, H, V))
+    beta = TensorType("f32", (B, T, H))
+    g = [TensorType("f32", (B, T, H, K) if gate == "channel" else (B, T, H))] if gate in ("channel", "head") else []
+    prep, (q_dec, k_dec, w, u, aqk, decay) = op_cost("chunk_prepare", [q, q, v, beta, *g],
+                                                     {"chunk_size": chunk_size, "gate": gate})
+    scan, (v_new, starts, _) = op_cost("chunk_state_scan", [w, u, k_dec, decay, TensorType("f32", (B, H, K, V))])
+    out, _ = op_cost("chunk_output", [q_dec, aqk, v_new, starts], {"scale": K**-0.5, "T": T})
+    return {"chunk_prepare": prep, "chunk_state_scan": scan, "chunk_output": out}
 
 
 def graph_cost(graph: Graph, at: dict[str, int] | None = None) -> Cost:

@@ -1,7 +1,10 @@
 """fold-latent-moe: fold what is linear around the latent experts, and MLA decode.
 
 Each fold is exact algebra (only rounding changes) and is kept only where the cost model
-(passes/cost.py) says it does not make FLOPs or bytes worse:
+(passes/cost.py) says it does not make FLOPs or bytes worse. A product folded into a weight is
+rounded once to the weight's dtype: only float32 weights take it (a BF16 product's rounding,
+2^-9, is no fp32-level change: on a MoE model it flips routing), or a power-of-two scale,
+which is exact in any dtype:
 
   merge-sibling-linears        linears reading one input -> one GEMM + split (merge_siblings.py;
                                the shared-expert gate/up are fuse-situ's gated_mlp already)
@@ -20,6 +23,7 @@ Each fold is exact algebra (only rounding changes) and is kept only where the co
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 
 from ..ir import Graph
@@ -48,8 +52,17 @@ def _fold_norm(m: Match, b: Builder) -> str:
 
 
 def _own_weight(m: Match) -> bool:
-    """W is read by this node only, so folding does not store a second copy."""
-    return m.single_use("W")
+    """W is read by this node only, so folding does not store a second copy, and it is float32,
+    so the folded product is rounded as finely as the arithmetic is."""
+    return m.single_use("W") and m.type("W").dtype in _FINE
+
+
+_FINE = frozenset({"f32", "f64"})
+
+
+def _exact_scale(c: float, dtype: str) -> bool:
+    """t * c rounds at float32 level or better in `dtype`: a float32 t, or c a power of two."""
+    return dtype in _FINE or (c != 0 and math.frexp(abs(c))[0] == 0.5)
 
 
 def _from_routed_experts(m: Match) -> bool:
@@ -69,7 +82,7 @@ def _routing_scale(m: Match, b: Builder) -> str | None:
     if c != 1:
         w2_at = 2 if node.op == "moe_experts" else 1
         w2 = inputs[w2_at]
-        if not b.is_weight(w2) or len(m.ctx.users[w2]) != 1:
+        if not b.is_weight(w2) or len(m.ctx.users[w2]) != 1 or not _exact_scale(c, b.type(w2).dtype):
             return None
         t = b.tensor(w2)
         inputs[w2_at] = b.weight(w2 + ".scaled", (t.float() * c).to(t.dtype))

@@ -71,19 +71,21 @@ def check_steps(steps: list, stop_after: str | None = None, dump_after: str | No
     return parsed
 
 
-def for_backend(steps: list, keep=()) -> list:
+def for_backend(steps: list, keep=(), compute: str | None = None) -> list:
     """`steps` as a backend needs them: the ops it takes whole (`keep`) stay whole through
-    chunk-delta-rule (the one place the prefill form is decided). Steps stay text, so the
-    pipeline an artifact records reads back."""
+    chunk-delta-rule (the one place the prefill form is decided), and a backend that computes
+    in one dtype (`compute`: the CPU backends' float32) gets compute-dtype before the final
+    sweep. Steps stay text, so the pipeline an artifact records reads back."""
     keep = sorted(set(keep))
-    if not keep:
-        return list(steps)
     out = []
     for step in steps:
         name, opts = parse_step(step)
-        if name == "chunk-delta-rule":
+        if name == "chunk-delta-rule" and keep:
             step = format_step(name, {**opts, "keep": sorted(set(opts.get("keep", [])) | set(keep))})
         out.append(step)
+    if compute is not None and not any(parse_step(s)[0] == "compute-dtype" for s in out):
+        at = len(out) - 1 if out and parse_step(out[-1])[0] == "dce" else len(out)
+        out.insert(at, format_step("compute-dtype", {"dtype": compute}))
     return out
 
 

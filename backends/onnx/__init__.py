@@ -28,6 +28,7 @@ from .runner import OnnxRunner
 
 class OnnxBackend:
     name = "onnx"
+    compute_dtype = "f32"  # a BF16 model computes in float32 from its BF16 / MXFP4 weights (compute-dtype)
 
     def __init__(self, flavour: str = "portable", providers: list[str] | None = None, threads: int | None = None,
                  spinning: bool = False):

@@ -13,7 +13,9 @@ the inputs: `bind(symbol)` says where a symbol comes from (`Shape(x)[axis]`).
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 import numpy as np
@@ -47,15 +49,28 @@ class Ref:
     kind: int = AttributeProto.FLOAT
 
 
+_IDS: ContextVar[Iterator[int] | None] = ContextVar("k3c_onnx_builder_ids", default=None)
+_PROCESS_IDS = itertools.count()  # builders made outside `numbering` (a lone function body)
+
+
+@contextmanager
+def numbering() -> Iterator[None]:
+    """Number the builders made inside the block from 0: the names of one model's nodes are
+    unique within it and do not depend on what was lowered before in the process."""
+    token = _IDS.set(itertools.count())
+    try:
+        yield
+    finally:
+        _IDS.reset(token)
+
+
 class Builder:
     """Collects ONNX nodes under fresh names. `bind(symbol) -> name` gives a dim symbol's
     int64 [1] tensor; the builder computes any expression over bound symbols from it."""
 
-    _ids = itertools.count()
-
     def __init__(self, hint: str = "g", bind: Callable[[str], str] | None = None):
         self.nodes: list[onnx.NodeProto] = []
-        self.prefix = f"k3c/{hint}{next(Builder._ids)}/"
+        self.prefix = f"k3c/{hint}{next(_IDS.get() or _PROCESS_IDS)}/"
         self._count = itertools.count()
         self._consts: dict = {}
         self._dims: dict[str, str] = {}

@@ -20,7 +20,7 @@ from onnx import helper as oh
 
 from ...ir import OPS, Graph, Node
 from .. import tables as L
-from .builder import DOMAIN, IR_VERSION, MS_DOMAIN, ONNX_TYPES, OPSET, Builder, LoweringError, value_info
+from .builder import DOMAIN, IR_VERSION, MS_DOMAIN, ONNX_TYPES, OPSET, Builder, LoweringError, numbering, value_info
 from .functions import FUNCTIONS, function_proto
 
 FLAVOURS = ("portable", "ort")
@@ -183,8 +183,9 @@ def _walk(nodes):
 def lower_graph(graph: Graph, flavour: str = "portable",
                 metadata: dict[str, str] | None = None) -> tuple[onnx.ModelProto, Counter]:
     """Lower one IR graph; returns the model (initializers inline) and what the custom ops became."""
-    lx = Lowering(graph, flavour)
-    body = lx.run()
+    with numbering():
+        lx = Lowering(graph, flavour)
+        body = lx.run()
     from .cache import OPSET_OF
 
     used = [n.op_type for n in _walk(body.node)] + [n.op_type for f in lx.functions.values() for n in _walk(f.node)]

@@ -5,6 +5,8 @@ Artifact (DIR):
     weights.safetensors     every weight of every entry, by IR name
     {entry}.k3c             each entry's IR (text form, no weight data): names, types, dims
     manifest.json           format, module file, entries with their input and output names
+    kernels.json, sm_90/    with a GPU target (TritonBackend(target="sm_90")): every kernel
+                            compiled ahead of time, cubins and what they use (aot.py)
 """
 
 from __future__ import annotations
@@ -33,8 +35,10 @@ FORMAT = "k3c-triton-1"
 class TritonRunner:
     """Runs the entries of a loaded artifact; inputs on the CPU move to the kernels' device."""
 
-    def __init__(self, module, entries: dict[str, Graph], weights: dict[str, torch.Tensor], device: str):
+    def __init__(self, module, entries: dict[str, Graph], weights: dict[str, torch.Tensor], device: str,
+                 missing: str = ""):
         self.module, self.entries, self.weights, self.device = module, entries, weights, device
+        self.missing = missing  # why it cannot run: weights without data (a model built on the meta device)
         self._decays: dict[str, list[str]] = {}
 
     def run(self, entry: str, *inputs: torch.Tensor) -> list[torch.Tensor]:
@@ -42,6 +46,8 @@ class TritonRunner:
         machine run on the GPU and come back; CUDA inputs stay there, state included)."""
         if entry not in self.entries:
             raise KeyError(f"the Triton artifact has no entry {entry!r}; it has {', '.join(self.entries)}")
+        if self.missing:
+            raise ArtifactError(self.missing)
         g = self.entries[entry]  # an InputError names an input, an id, a dim out of range or a log-decay > 0
         check_inputs(g, inputs, self._decays.setdefault(entry, decay_inputs(g)), "Triton")
         home = inputs[0].device if inputs else torch.device(self.device)
@@ -50,7 +56,28 @@ class TritonRunner:
 
 
 class TritonBackend:
+    """`compute` None: a BF16 model computes in BF16 (fp32 accumulation and state, as its
+    kernels do), "f32": in float32 from its stored weights. `target` None: the kernels
+    compile when they first run (on the GPU, or the interpreter); "sm_80", "sm_90", "sm_100":
+    `lower` also compiles every kernel ahead of time for that GPU (aot.py, at prefill length
+    `seq_len` and `batch`, on `jobs` processes) and keeps the report in `aot_report`."""
+
     name = "triton"
+
+    def __init__(self, target: str | None = None, seq_len: int | None = None, batch: int | None = None,
+                 jobs: int | None = None, compute: str | None = None):
+        if compute not in (None, "f32"):
+            raise ValueError(f"triton backend: compute must be None (the model's dtypes) or 'f32', got {compute!r}")
+        self.compute_dtype = compute  # "f32": a BF16 model computes in float32 (the compute-dtype pass)
+        if target is not None:
+            from .aot import target as known_target
+
+            known_target(target)
+        elif seq_len is not None or batch is not None or jobs is not None:
+            raise TypeError("triton backend: seq_len, batch and jobs configure the AOT compile; give a target too")
+        given = {"seq_len": seq_len, "batch": batch, "jobs": jobs}
+        self.target, self.aot_options = target, {k: v for k, v in given.items() if v is not None}
+        self.aot_report = None
 
     def is_available(self) -> tuple[bool, str]:
         try:
@@ -85,6 +112,10 @@ class TritonBackend:
                     "entries": {e: {"inputs": g.inputs, "outputs": [k for k, _ in g.outputs], "graph": f"{e}.k3c"}
                                 for e, g in graphs.items()}}
         (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+        if self.target:  # every kernel compiled for the GPU, inside the artifact before it is sealed
+            from .aot import compile_kernels
+
+            self.aot_report = compile_kernels(out, self.target, **self.aot_options)
         seal(out, backend=self.name, model=next(iter(graphs.values())).meta.get("model"))
         return out
 
@@ -107,11 +138,12 @@ class TritonBackend:
 
             tensors = load_file(str(wfile))
         missing = sorted(needed - set(tensors))
-        if missing:
-            raise ValueError(f"{out}: no data for weight(s) {missing[:4]}{' ...' if len(missing) > 4 else ''} "
-                             f"(a model built on the meta device compiles, but cannot run)")
+        why = ""
+        if missing:  # said when it runs: the artifact (and its AOT kernels) is still the result
+            why = (f"{out}: no data for weight(s) {missing[:4]}{' ...' if len(missing) > 4 else ''} "
+                   f"(a model built on the meta device compiles, but cannot run)")
         weights = {k: v.to(DEVICE) for k, v in tensors.items()}
-        return TritonRunner(_import(out / manifest["module"]), entries, weights, DEVICE)
+        return TritonRunner(_import(out / manifest["module"]), entries, weights, DEVICE, why)
 
 
 def _import(path: Path):

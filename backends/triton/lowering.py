@@ -135,8 +135,7 @@ _RULES: dict[str, Callable] = {
                             f"[{', '.join(cg.dim(s) for s in n.attrs['sizes'])}], dim={n.attrs['dim']})"),
     "reduce_sum": _reduce("sum"), "reduce_mean": _reduce("mean"), "reduce_max": _reduce("amax"),
     "softmax": lambda cg, n: f"{cg.lhs(n)} = torch.softmax({cg.val(n.inputs[0])}, dim={n.attrs['dim']})",
-    "topk": lambda cg, n: (f"{cg.lhs(n)} = torch.topk({cg.val(n.inputs[0])}, {cg.attr(n, 'k')}, "
-                           f"dim={cg.attr(n, 'dim')})"),
+    "topk": _call("topk", "k3c.kernels.topk", attrs=("k", "dim")),  # ties: the lower index first
     "gather": lambda cg, n: (f"{cg.lhs(n)} = torch.gather({cg.val(n.inputs[0])}, {n.attrs['dim']}, "
                              f"{cg.val(n.inputs[1])})"),
     "layer_norm": _layer_norm,

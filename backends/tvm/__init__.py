@@ -34,6 +34,7 @@ from .target import KINDS
 
 class TvmBackend:
     name = "tvm"
+    compute_dtype = "f32"  # a BF16 model computes in float32 from its BF16 / MXFP4 weights (compute-dtype)
 
     def __init__(self, target: str = "llvm", arch: str | None = None):
         if target not in KINDS:

@@ -100,7 +100,7 @@ class TvmRunner:
         missing = [w for w in self.manifest["weights"] if w not in tensors]
         if missing:
             raise ValueError(f"{self.out_dir}/weights.safetensors lacks {missing[:4]}")
-        weights = [tvm.runtime.tensor(tensors[w].numpy(), dev) for w in self.manifest["weights"]]
+        weights = [_on(tensors[w], dev) for w in self.manifest["weights"]]
         self._params = list(vm["transform_params"](weights)) if weights else []
         self._vm, self._device = vm, dev
 
@@ -162,3 +162,11 @@ class TvmRunner:
         args = [self._to_tvm(x) for x in inputs]
         outs = self._vm[entry](*args, *self._params)
         return [torch.from_dlpack(o).cpu() if self.target == "llvm" else torch.from_numpy(o.numpy()) for o in outs]
+
+
+def _on(t: torch.Tensor, dev):
+    """A weight as a TVM tensor on `dev`: copied through DLPack into TVM's own (aligned) memory,
+    as numpy has no bfloat16."""
+    host = tvm.runtime.empty(tuple(t.shape), str(t.dtype).removeprefix("torch."), tvm.cpu())
+    torch.from_dlpack(host).copy_(t)
+    return host if dev.dlpack_device_type() == tvm.cpu().dlpack_device_type() else host.copyto(dev)

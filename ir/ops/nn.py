@@ -7,6 +7,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from ...kernels.topk import topk
 from .. import dims as D
 from ..types import TensorType
 from .spec import attr, defop, expect
@@ -112,8 +113,8 @@ def _topk_infer(x: TensorType, *, k, dim) -> list[TensorType]:
 
 
 defop("topk", "x", "values indices", attrs={"k": attr("int", lo=1), "dim": attr("int", -1)}, infer=_topk_infer,
-      ref=lambda x, k, dim: tuple(torch.topk(x, k, dim)), flops=_per_element(1), families="index",
-      doc="the k largest along `dim` (sorted) and their indices")
+      ref=topk, eager=True, flops=_per_element(1), families="index",
+      doc="the k largest along `dim`, sorted, and their indices; ties: the lower index first")
 
 
 def _gather_infer(x: TensorType, idx: TensorType, *, dim) -> list[TensorType]:

@@ -13,8 +13,10 @@ import math
 
 from ...kernels.moe.mxfp4 import moe_down_mxfp4, moe_gate_up_mxfp4
 from ...kernels.mxfp4.naive import GROUP_SIZE, decode
+from ...kernels.situ.naive import activation
 from .. import dims as D
 from ..types import DTYPES, TensorType
+from .fused import GATED, SITU_FLOPS, _experts_infer
 from .moe import _down_infer, _gate_up_infer
 from .spec import attr, defop, expect
 
@@ -74,3 +76,33 @@ defop("moe_down_mxfp4", "a w2_packed w2_scale idx w", "y", infer=_down_mxfp4_inf
       decompose=_down_mxfp4_decompose, families="moe quant",
       flops=lambda ins, outs, a: 2 * math.prod(ins[0]) * ins[1][1] + math.prod(outs[0]) * ins[3][1],
       doc="moe_down with the experts' w2 in MXFP4 (fp32 accumulate)")
+
+
+def _experts_mxfp4_infer(h, w13_packed, w13_scale, w2_packed, w2_scale, idx, w, **attrs):
+    return _experts_infer(h, _as_dense(w13_packed, w13_scale, h.dtype, "moe_experts_mxfp4"),
+                          _as_dense(w2_packed, w2_scale, h.dtype, "moe_experts_mxfp4"), idx, w, **attrs)
+
+
+def _experts_mxfp4_ref(h, w13_packed, w13_scale, w2_packed, w2_scale, idx, w, act, beta, linear_beta):
+    gu = moe_gate_up_mxfp4(h, w13_packed, w13_scale, idx)
+    I = gu.shape[-1] // 2
+    return moe_down_mxfp4(activation(gu[..., :I], gu[..., I:], act, beta, linear_beta), w2_packed, w2_scale, idx, w)
+
+
+def _experts_mxfp4_decompose(b, h, w13_packed, w13_scale, w2_packed, w2_scale, idx, w, **attrs):
+    dt = b.type(h).dtype
+    w13 = b.op("mxfp4_decode", [w13_packed, w13_scale], dtype=dt)
+    w2 = b.op("mxfp4_decode", [w2_packed, w2_scale], dtype=dt)
+    return [b.op("moe_experts", [h, w13, w2, idx, w], **attrs)]
+
+
+def _experts_mxfp4_flops(ins, outs, a):
+    (N, d), two_i, k = ins[0], ins[1][1], ins[5][1]
+    I, d_out = two_i // 2, ins[3][1]
+    return 2 * N * k * two_i * d + SITU_FLOPS[a["act"]] * N * k * I + 2 * N * k * I * d_out + N * k * d_out
+
+
+defop("moe_experts_mxfp4", "h w13_packed w13_scale w2_packed w2_scale idx w", attrs=GATED,
+      infer=_experts_mxfp4_infer, ref=_experts_mxfp4_ref, decompose=_experts_mxfp4_decompose,
+      flops=_experts_mxfp4_flops, families="fused moe quant",
+      doc="moe_experts on MXFP4 experts: the decode folded into the expert GEMMs (fold-mxfp4)")

@@ -57,8 +57,10 @@ def _is_dim(v) -> bool:
     return _is_int(v) or isinstance(v, sympy.Expr)
 
 
+_F32_MAX = 3.4028234663852886e38
 _CHECKS: dict[str, Callable[[Any], bool]] = {
-    "float": lambda v: (isinstance(v, float) or _is_int(v)) and math.isfinite(v),
+    # float32's range: the backends hold float attributes as float32 (ONNX's are)
+    "float": lambda v: (isinstance(v, float) or _is_int(v)) and math.isfinite(v) and abs(v) <= _F32_MAX,
     "int": _is_int,
     "bool": lambda v: isinstance(v, bool),
     "str": lambda v: isinstance(v, str),
@@ -69,7 +71,7 @@ _CHECKS: dict[str, Callable[[Any], bool]] = {
     "number": lambda v: (isinstance(v, float) and not math.isnan(v)) or _is_int(v),
     "any": lambda v: True,
 }
-_ARTICLE = {"float": "a finite float", "int": "an int", "bool": "true or false", "str": "a string",
+_ARTICLE = {"float": "a finite float32 value", "int": "an int", "bool": "true or false", "str": "a string",
             "dim": "a dim (an int or an expression of the dims)", "shape": "a list of dims",
             "ints": "a list of ints", "dtype": f"a dtype ({', '.join(DTYPES)})", "number": "a number"}
 

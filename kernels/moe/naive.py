@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import torch
 
+from ..topk import topk
+
 
 def route(
     logits: torch.Tensor, bias: torch.Tensor, top_k: int, scaling: float, renormalize: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns (idx [N, k] int64, weights [N, k] fp32)."""
     s = torch.sigmoid(logits.float())
-    idx = torch.topk(s + bias.float(), top_k, dim=-1).indices
+    idx = topk(s + bias.float(), top_k, -1)[1]
     w = s.gather(-1, idx)
     if renormalize:
         w = w / (w.sum(-1, keepdim=True) + 1e-20)

@@ -118,7 +118,7 @@ def test_a_mistyped_attribute_is_refused_not_coerced():
     try:
         verify(parse(bad))
     except VerifyError as e:
-        assert "attribute eps of rms_norm must be a finite float, got True (bool)" in str(e)
+        assert "attribute eps of rms_norm must be a finite float32 value, got True (bool)" in str(e)
         assert e.rule == "attr"
     else:
         raise AssertionError("eps=true was accepted")

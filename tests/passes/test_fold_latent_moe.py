@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 from passes_testlib import assert_same_outputs, expected, graph_of, inputs_for, run_pass
 
 LATENT_MOE = """graph moe {
@@ -199,7 +198,10 @@ def test_mla_absorption_is_guarded_by_cost():
     assert sites == {}
 
 
-def test_bf16_latent_norm_through_casts():
+def test_a_bf16_weight_takes_no_folded_product():
+    """W diag(n) rounded to BF16 moves each weight by up to 2^-9 relative: no fp32-level change
+    (on a MoE model it flips routing), so the fold declines where W is BF16, through the casts
+    of a BF16 model as well."""
     g = graph_of("""graph moe {
   dim N in [1, inf]
   input %y: bf16[N, 12]
@@ -212,7 +214,5 @@ def test_bf16_latent_norm_through_casts():
   output o = %o
 }""")
     out, sites = run_pass(g, "fold-latent-moe")
-    assert sites == {"norm-weight-into-linear": 1}
-    assert out.op_counts() == {"cast": 2, "linear": 1, "rms_norm": 1}
-    a = torch.rand(6, 12, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
-    assert_same_outputs(g, out, [a])
+    assert sites == {}
+    assert out.op_counts() == g.op_counts()

@@ -1,6 +1,6 @@
 """The Triton kernels compiled for a CUDA GPU (skipped without one): model-sized shapes in
-fp32 with `input_precision="ieee"` dots (torch's "highest" fp32 matmul precision) against
-the torch references, bf16 inputs, autotuning over every config, and k3-tiny end to end.
+fp32 with 3xTF32 dots (torch's "highest" fp32 matmul precision) against the torch
+references, bf16 inputs, autotuning over every config, and k3-tiny end to end.
 
 The other test files of this folder also run compiled on a GPU machine (their inputs live on
 the kernels' device); these add what the interpreter cannot show: real tiling, many programs
@@ -19,8 +19,8 @@ pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture(autouse=True)
-def ieee_dots():
-    """fp32 tl.dot in full precision (the templates follow torch's fp32 matmul precision)."""
+def fp32_dots():
+    """fp32 tl.dot at fp32's accuracy, 3xTF32 (the templates follow torch's fp32 matmul precision)."""
     before = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("highest")
     yield

@@ -13,20 +13,42 @@ from __future__ import annotations
 
 import torch
 
-from ...common.triton import autotune, block, check_device, dot_precision, dots_in_fp32
+from ...common.triton import autotune, block, check_device, dot_precision, dots_in_fp32, prune_rows, rows_bucket
 
 import triton  # isort: skip  (after common.triton has chosen the mode)
 import triton.language as tl  # isort: skip
 
 
+def _prune(configs: list, named_args: dict, **kwargs) -> list:
+    """A decode step (T = 1) keeps the 16-query tiles (larger ones are all padding), the tiles
+    suit the dots' operands (tile_fits: 64 x 64 spilled with fp32 ones), the key/value tiles
+    in flight fit shared memory (absorbed MLA attends over the 512-wide latent, where 64 keys
+    of [k | v] in 3 stages asked sm_90 for 320 KB of 227), and the query rows and accumulator
+    fit the registers: about 200 values a thread, fp32 query operands counted three times
+    (3xTF32 keeps each as hi and lo too); past that they spilled on sm_90 (64 fp32 queries of
+    192 at 4 warps). None fits an fp32 model's absorbed decode (16 queries of the 576-wide
+    latent): the smallest tile is kept, and spills (8 warps spilled more)."""
+    rows = prune_rows("T", "BM", "BN")["early_config_prune"](configs, named_args, **kwargs)
+    qk = kwargs["BD1"] + (kwargs["BD2"] if kwargs["D2"] > 0 else 0)
+    size = 4 if kwargs["DOT_F32"] else named_args["k1"].element_size()
+    copies = 3 if kwargs["DOT_F32"] else 1
+
+    def fits(c) -> bool:
+        shared = (c.num_stages - 1) * c.kwargs["BN"] * (qk + kwargs["BDV"]) * size
+        per_thread = c.kwargs["BM"] * (qk * copies + kwargs["BDV"]) / (32 * c.num_warps)
+        return shared <= 96 * 1024 and per_thread <= 200
+
+    return [c for c in rows if fits(c)] or [min(rows, key=lambda c: (c.num_stages * c.kwargs["BN"], c.kwargs["BM"]))]
+
+
 @autotune(configs=[triton.Config({"BM": 64, "BN": 64}, num_warps=4), triton.Config({"BM": 64, "BN": 32}, num_warps=4),
                    triton.Config({"BM": 128, "BN": 64}, num_warps=8, num_stages=3),
                    triton.Config({"BM": 16, "BN": 64}, num_warps=4, num_stages=3),
-                   triton.Config({"BM": 32, "BN": 32}, num_warps=2, num_stages=3)],
-          key=["D1", "D2", "DV"])
+                   triton.Config({"BM": 16, "BN": 16}, num_warps=4, num_stages=2)],
+          key=["T_BUCKET", "D1", "D2", "DV"], prune_configs_by={"early_config_prune": _prune})
 @triton.jit
 def flash_attention_kernel(q1, q2, k1, k2, v, o, s_q1b, s_q1t, s_q1h, s_q2b, s_q2t, s_q2h, s_k1b, s_k1s, s_k1h,
-                           s_k2b, s_k2s, s_k2h, s_vb, s_vs, s_vh, s_ob, s_ot, s_oh, T, S, scale,
+                           s_k2b, s_k2s, s_k2h, s_vb, s_vs, s_vh, s_ob, s_ot, s_oh, T, T_BUCKET, S, scale,
                            H: tl.constexpr, D1: tl.constexpr, D2: tl.constexpr, DV: tl.constexpr,
                            BD1: tl.constexpr, BD2: tl.constexpr, BDV: tl.constexpr, BM: tl.constexpr,
                            BN: tl.constexpr, DOT_F32: tl.constexpr, PREC: tl.constexpr):
@@ -106,7 +128,7 @@ def flash_attention(q1: torch.Tensor, k1: torch.Tensor, v: torch.Tensor, scale: 
     q2_, k2_ = (q2, k2) if q2 is not None else (q1, k1)
     grid = lambda meta: (triton.cdiv(T, meta["BM"]), B * H)
     flash_attention_kernel[grid](q1, q2_, k1, k2_, v, o, *_bthd(q1), *_bthd(q2_), *_bthd(k1), *_bthd(k2_), *_bthd(v),
-                                 *_bthd(o), T, S, float(scale), H=H, D1=D1, D2=D2, DV=DV, BD1=block(D1),
+                                 *_bthd(o), T, rows_bucket(T), S, float(scale), H=H, D1=D1, D2=D2, DV=DV, BD1=block(D1),
                                  BD2=block(max(D2, 1)), BDV=block(DV), DOT_F32=dots_in_fp32(q1, k1, v),
                                  PREC=dot_precision())
     return o

@@ -12,15 +12,12 @@ from __future__ import annotations
 
 import torch
 
-from ...common.triton import autotune, block, check_device
+from ...common.triton import block, check_device, rows_per_program
 
 import triton  # isort: skip  (after common.triton has chosen the mode)
 import triton.language as tl  # isort: skip
 
 
-@autotune(configs=[triton.Config({"BR": 64}, num_warps=4), triton.Config({"BR": 1}, num_warps=4),
-                   triton.Config({"BR": 4}, num_warps=4), triton.Config({"BR": 1}, num_warps=8)],
-          key=["D"])
 @triton.jit
 def attn_res_mix_kernel(V, w, nw, out, N, R, eps, D: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr):
     o_r = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
@@ -56,6 +53,8 @@ def attn_res_mix(V: torch.Tensor, w: torch.Tensor, n: torch.Tensor, eps: float =
     N = V.shape[0]
     R = V[0].numel() // d
     out = V.new_empty(V.shape[1:])
-    grid = lambda meta: (triton.cdiv(R, meta["BR"]),)
-    attn_res_mix_kernel[grid](V, w.contiguous(), n.contiguous(), out, N, R, float(eps), D=d, BD=block(d, 1))
+    BD = block(d, 1)
+    BR, num_warps = rows_per_program(R, BD)  # by the width (see rms_norm): two [BR, BD] blocks live
+    attn_res_mix_kernel[(triton.cdiv(R, BR),)](V, w.contiguous(), n.contiguous(), out, N, R, float(eps), D=d, BD=BD,
+                                               BR=BR, num_warps=num_warps)
     return out

@@ -84,10 +84,65 @@ def autotune(configs: list[triton.Config], key: list[str], **kwargs):
     return triton.autotune(configs=configs[:1] if INTERPRET else configs, key=key, **kwargs)
 
 
+F32_TILE = 2048  # most outputs of one program's tile when its dots take fp32 operands
+
+
+def tile_fits(rows: int, cols: int, fp32_dots: bool) -> bool:
+    """Whether a [rows, cols] output tile suits a GEMM-like kernel: with fp32 operands (3xTF32
+    splits each in two) at most F32_TILE outputs, as larger tiles spilled on sm_90; with 16-bit
+    ones the larger tiles (4096 outputs and up, or the 16-row tile of short inputs)."""
+    return rows * cols <= F32_TILE if fp32_dots else rows * cols >= 2 * F32_TILE or rows == 16
+
+
+def prune_rows(arg: str, block: str, cols: str | None = None):
+    """An autotune pruning for a kernel over rows: keep the configs whose `block` rows are
+    no more than `arg` needs (at least 16), so a decode step (one row) compiles and tries the
+    small tile only; with `cols` (the config's column block) also the tiles that fit the dots'
+    operand dtype (tile_fits, read from the kernel's DOT_F32). The smallest tile survives
+    when none fits."""
+    def prune(configs: list, named_args: dict, **kwargs) -> list:
+        rows = named_args[arg] if arg in named_args else kwargs[arg]
+        cap = max(16, triton.next_power_of_2(int(rows)))
+        kept = [c for c in configs if c.kwargs[block] <= cap]
+        if cols is not None:
+            kept = [c for c in kept if tile_fits(c.kwargs[block], c.kwargs[cols], kwargs["DOT_F32"])]
+        size = lambda c: c.kwargs[block] * (c.kwargs[cols] if cols else 1)
+        return kept or [min(configs, key=lambda c: (c.kwargs[block], size(c)))]
+
+    return {"early_config_prune": prune}
+
+
+def rows_bucket(rows: int) -> int:
+    """The autotune key of a kernel whose configs prune_rows prunes: the rows' power of two,
+    capped where no config's tile is larger, so each bucket has its own best config."""
+    return min(triton.next_power_of_2(max(int(rows), 1)), 256)
+
+
+def rows_per_program(rows: int, width: int) -> tuple[int, int]:
+    """(rows per program, num_warps) of a row kernel over `width` columns (the block's power
+    of two): about 4096 fp32 values a program on a GPU (16 to 32 a thread, no spills at any
+    model width), as many rows as possible under the interpreter (its cost is per operation)."""
+    if INTERPRET:
+        return min(64, triton.next_power_of_2(max(rows, 1))), 4
+    br = max(1, min(triton.next_power_of_2(max(rows, 1)), 4096 // width))
+    return br, 4 if width <= 2048 else 8
+
+
 def dot_precision() -> str:
-    """`input_precision` of fp32 `tl.dot`s: 'ieee' while torch is asked for exact fp32 matmuls
-    (`torch.get_float32_matmul_precision() == "highest"`, the default), else 'tf32'."""
-    return "ieee" if INTERPRET or torch.get_float32_matmul_precision() == "highest" else "tf32"
+    """`input_precision` of a kernel's fp32 `tl.dot`s (16-bit operands go to the tensor cores as
+    they are). On a GPU both choices keep the dots on the tensor cores of sm_80 and later:
+
+    - "tf32x3" while torch's fp32 matmul precision is "highest" (its default): three TF32
+      products, hi*hi + hi*lo + lo*hi of each operand split as hi + lo, whose dropped lo*lo
+      term is ~2^-22 relative, near fp32's own 2^-24 (CUTLASS's 3xTF32 finding). The exact FMA
+      dot ("ieee") would leave the tensor cores idle; the chunked delta rule's pieces, the
+      largest fp32 dots here, are memory-bound even at a third of TF32's rate (roofline.py);
+    - "tf32" when torch allows TF32 ("high", "medium");
+    - "ieee" under the interpreter, whose dots are exact fp32 whatever is asked.
+    """
+    if INTERPRET:
+        return "ieee"
+    return "tf32x3" if torch.get_float32_matmul_precision() == "highest" else "tf32"
 
 
 def dots_in_fp32(*tensors: torch.Tensor) -> bool:
@@ -104,7 +159,7 @@ def block(n: int, lo: int = 16) -> int:
 def check_device(what: str, *tensors: torch.Tensor) -> None:
     """A clear error when tensors are on the wrong device for the current mode."""
     for t in tensors:
-        if t is None:
+        if t is None or t.is_meta:  # meta: the AOT compiler runs the templates for shapes only
             continue
         on_cuda = t.device.type == "cuda"
         if INTERPRET and on_cuda:
@@ -115,4 +170,5 @@ def check_device(what: str, *tensors: torch.Tensor) -> None:
                              f"got one on {t.device} (or set TRITON_INTERPRET=1 before importing k3c's kernels)")
 
 
-__all__ = ["INTERPRET", "DEVICE", "autotune", "dot_precision", "dots_in_fp32", "block", "check_device"]
+__all__ = ["INTERPRET", "DEVICE", "autotune", "tile_fits", "prune_rows", "rows_bucket", "rows_per_program",
+           "dot_precision", "dots_in_fp32", "block", "check_device"]

@@ -12,17 +12,12 @@ from __future__ import annotations
 
 import torch
 
-from ...common.triton import autotune, block, check_device
+from ...common.triton import block, check_device, rows_per_program
 
 import triton  # isort: skip  (after common.triton has chosen the mode)
 import triton.language as tl  # isort: skip
 
 
-def _rows_per_program() -> list[triton.Config]:
-    return [triton.Config({"BR": br}, num_warps=nw) for br, nw in ((64, 4), (1, 4), (4, 4), (16, 4), (1, 8))]
-
-
-@autotune(configs=_rows_per_program(), key=["D"])
 @triton.jit
 def rmsnorm_kernel(x, w, gate, y, R, eps, D: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr,
                    HAS_W: tl.constexpr, HAS_GATE: tl.constexpr, MEAN: tl.constexpr):
@@ -56,10 +51,14 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, gate: tor
     x = x.contiguous()
     y = torch.empty(x.shape, dtype=out_dtype or x.dtype, device=x.device)
     R = x.numel() // max(D, 1)
-    grid = lambda meta: (triton.cdiv(R, meta["BR"]),)
-    rmsnorm_kernel[grid](x, weight if weight is not None else x, gate.contiguous() if gate is not None else x, y, R,
-                         float(eps), D=D, BD=block(D, 1), HAS_W=weight is not None, HAS_GATE=gate is not None,
-                         MEAN=mean)
+    BD = block(D, 1)
+    # rows per program by the width, not autotuned: a memory-bound row kernel needs only a
+    # block that fills the threads without spilling (64 rows of a 7168-wide model would not)
+    BR, num_warps = rows_per_program(R, BD)
+    rmsnorm_kernel[(triton.cdiv(R, BR),)](x, weight if weight is not None else x,
+                                          gate.contiguous() if gate is not None else x, y, R, float(eps), D=D, BD=BD,
+                                          BR=BR, HAS_W=weight is not None, HAS_GATE=gate is not None, MEAN=mean,
+                                          num_warps=num_warps)
     return y
 
 

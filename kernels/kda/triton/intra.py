@@ -64,51 +64,68 @@ def chunk_decay_kernel(q, k, g, beta, G, q_decayed, k_decayed, kbg, decay_last,
     tl.store(decay_last + (i_bh * NC + i_n) * K + o_k, tl.exp(b_Glast), mask=m_k)
 
 
-@autotune(configs=[triton.Config({"BK": 64}, num_warps=4), triton.Config({"BK": 32}, num_warps=4),
-                   triton.Config({"BK": 64}, num_warps=8), triton.Config({"BK": 32}, num_warps=8)],
+@autotune(configs=[triton.Config({"BK": 32}, num_warps=4), triton.Config({"BK": 16}, num_warps=4),
+                   triton.Config({"BK": 32}, num_warps=8)],
           key=["K", "C"])
 @triton.jit
 def chunk_scores_kernel(q, k, G, beta, L, Aqk, s_bb, s_bt, s_bh, T, NC, H: tl.constexpr, K: tl.constexpr,
-                        C: tl.constexpr, LOG2C: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr):
-    i_n, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
+                        C: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
+                        PREC: tl.constexpr):
+    # One program per (block of BC rows, chunk, batch * head): rows [m, m + BC) of L and Aqk.
+    # Columns j < m meet row i through the block's first row m, exp(G_i - G_j) =
+    # exp(G_i - G_m) exp(G_m - G_j) with both exponents <= 0: one [BC, BK] x [BK, C] dot each
+    # for Aqk and L. The [BC, BC] diagonal block is formed pair by pair.
+    # (A [BC, C] block per program rather than the chunk's [C, C]: two accumulators of C * C
+    # fp32 plus their operands did not fit the registers of one program on a GPU.)
+    i_r, i_n, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
-    o_c = tl.arange(0, C)
-    o_t = i_n * C + o_c
-    m_t = o_t < T
+    m = i_r * BC
+    o_r = m + tl.arange(0, BC)  # rows of this block, in the chunk
+    o_c = tl.arange(0, C)  # columns before the block
+    o_d = tl.arange(0, BC)  # columns of the diagonal block, from m
+    o_tr, o_tc = i_n * C + o_r, i_n * C + o_c
+    m_tr, m_tc = o_tr < T, o_tc < T
     p_Gc = G + (i_bh * NC + i_n) * C * K  # this chunk of G [C, K]
 
-    b_Aqk = tl.zeros([C, C], dtype=tl.float32)
-    b_Akk = tl.zeros([C, C], dtype=tl.float32)
+    b_Aqk = tl.zeros([BC, C], dtype=tl.float32)
+    b_Akk = tl.zeros([BC, C], dtype=tl.float32)
+    b_Aqk_d = tl.zeros([BC, BC], dtype=tl.float32)
+    b_Akk_d = tl.zeros([BC, BC], dtype=tl.float32)
     for i_k in range(tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < K
-        p_in = (i_b * T + o_t[:, None]) * H * K + i_h * K + o_k[None, :]
-        b_q = tl.load(q + p_in, mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        b_k = tl.load(k + p_in, mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        b_G = tl.load(p_Gc + o_c[:, None] * K + o_k[None, :], mask=m_k[None, :], other=0.)
-        b_Aqk += tl.where(o_c[:, None] == o_c[None, :], tl.sum(b_q * b_k, axis=1)[:, None], 0.)
-        # Level h pairs row i of an upper half-block [m, m + h) with column j of the lower half
-        # [m - h, m) before it: exp(G_i - G_j) = exp(G_i - G_m) exp(G_m - G_j), both <= 0.
-        for l in tl.static_range(LOG2C):
-            h = C >> (l + 1)
-            o_blk = o_c // h
-            o_m = (o_blk + 1) * h  # for a column j of a lower half: the first row m after it
-            b_Gm_row = tl.load(p_Gc + (o_blk * h)[:, None] * K + o_k[None, :], mask=m_k[None, :], other=0.)
-            b_Gm_col = tl.load(p_Gc + o_m[:, None] * K + o_k[None, :], mask=(o_m < C)[:, None] & m_k[None, :],
-                               other=0.)
-            b_e_row = tl.exp(tl.minimum(b_G - b_Gm_row, 0.))
-            b_kt = tl.trans(tl.where((o_blk % 2 == 0)[:, None], b_k * tl.exp(tl.minimum(b_Gm_col - b_G, 0.)), 0.))
-            m_pair = ((o_blk % 2 == 1)[:, None] & (o_blk[:, None] == o_blk[None, :] + 1))
-            b_Aqk += tl.where(m_pair, tl.dot(b_q * b_e_row, b_kt, input_precision=PREC), 0.)
-            b_Akk += tl.where(m_pair, tl.dot(b_k * b_e_row, b_kt, input_precision=PREC), 0.)
-    b_beta = tl.load(beta + i_b * s_bb + o_t * s_bt + i_h * s_bh, mask=m_t, other=0.).to(tl.float32)
-    p_A = (i_bh * NC + i_n) * C * C + o_c[:, None] * C + o_c[None, :]
-    tl.store(L + p_A, b_Akk * b_beta[:, None])
-    tl.store(Aqk + p_A, b_Aqk)
+        p_r = (i_b * T + o_tr[:, None]) * H * K + i_h * K + o_k[None, :]
+        b_q = tl.load(q + p_r, mask=m_tr[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_k = tl.load(k + p_r, mask=m_tr[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_G = tl.load(p_Gc + o_r[:, None] * K + o_k[None, :], mask=m_k[None, :], other=0.)
+        b_Gm = tl.load(p_Gc + m * K + o_k, mask=m_k, other=0.)
+        b_e = tl.exp(b_G - b_Gm[None, :])  # i >= m
+        p_c = (i_b * T + o_tc[:, None]) * H * K + i_h * K + o_k[None, :]
+        b_kc = tl.load(k + p_c, mask=(m_tc & (o_c < m))[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_Gc = tl.load(p_Gc + o_c[:, None] * K + o_k[None, :], mask=(o_c < m)[:, None] & m_k[None, :], other=0.)
+        b_kt = tl.trans(b_kc * tl.exp(tl.minimum(b_Gm[None, :] - b_Gc, 0.)))  # j < m; zero rows from m on
+        b_Aqk += tl.dot(b_q * b_e, b_kt, input_precision=PREC)
+        b_Akk += tl.dot(b_k * b_e, b_kt, input_precision=PREC)
+        # The diagonal block pairwise, [BC, BC, BK] at once: exp(G_i - G_j) with j > i masked to
+        # -inf before the exp, so every factor formed is <= 1
+        b_Gij = tl.where((o_d[:, None] >= o_d[None, :])[:, :, None], b_G[:, None, :] - b_G[None, :, :], float("-inf"))
+        b_kj = tl.exp(b_Gij) * b_k[None, :, :]
+        b_Aqk_d += tl.sum(b_q[:, None, :] * b_kj, axis=2)
+        b_Akk_d += tl.sum(b_k[:, None, :] * b_kj, axis=2)
+    b_beta = tl.load(beta + i_b * s_bb + o_tr * s_bt + i_h * s_bh, mask=m_tr, other=0.).to(tl.float32)
+    b_Akk_d = tl.where(o_d[:, None] > o_d[None, :], b_Akk_d, 0.)  # L is strictly lower
+    # three disjoint stores per row: columns before the block, the block, zeros after it
+    p_A = (i_bh * NC + i_n) * C * C + o_r[:, None] * C
+    m_off = ((o_c < m) | (o_c >= m + BC))[None, :]
+    tl.store(L + p_A + o_c[None, :], b_Akk * b_beta[:, None], mask=m_off)
+    tl.store(Aqk + p_A + o_c[None, :], b_Aqk, mask=m_off)
+    tl.store(L + p_A + m + o_d[None, :], b_Akk_d * b_beta[:, None])
+    tl.store(Aqk + p_A + m + o_d[None, :], b_Aqk_d)
 
 
-@autotune(configs=[triton.Config({"BK": 64, "BV": 64}, num_warps=4), triton.Config({"BK": 32, "BV": 32}, num_warps=4),
-                   triton.Config({"BK": 64, "BV": 64}, num_warps=8)],
+# The [C, C] inverse and its operand splits (3xTF32) fill the registers: [C, 64] tiles of w and
+# u on top spilled on sm_90 at 4 and at 8 warps, so the tiles are 32 columns wide.
+@autotune(configs=[triton.Config({"BK": 32, "BV": 32}, num_warps=4), triton.Config({"BK": 32, "BV": 32}, num_warps=8)],
           key=["K", "V", "C"])
 @triton.jit
 def chunk_wy_kernel(L, kbg, v, beta, w, u, s_bb, s_bt, s_bh, T, NC, H: tl.constexpr, K: tl.constexpr,
@@ -190,8 +207,8 @@ def chunk_prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch
         q, k, gv, bv, G, q_dec, k_dec, kbg, decay, *gv.stride(), *bv.stride(), T, NC, H=H, K=K, C=C, BK=BK)
     L, aqk = torch.empty(B, H, NC, C, C, **f32), torch.empty(B, H, NC, C, C, **f32)
     prec = dot_precision()
-    chunk_scores_kernel[(NC, B * H)](q, k, G, bv, L, aqk, *bv.stride(), T, NC, H=H, K=K, C=C,
-                                     LOG2C=C.bit_length() - 1, PREC=prec)
+    BC = 16  # rows per program of the scores; C is a power of two >= 16
+    chunk_scores_kernel[(C // BC, NC, B * H)](q, k, G, bv, L, aqk, *bv.stride(), T, NC, H=H, K=K, C=C, BC=BC, PREC=prec)
     if gate == "linear":
         w = torch.zeros(B, H, NC, C, K, **f32)
         u = torch.zeros(B, H, NC * C, V, **f32)

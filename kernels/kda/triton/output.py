@@ -15,8 +15,8 @@ import triton  # isort: skip  (after common.triton has chosen the mode)
 import triton.language as tl  # isort: skip
 
 
-@autotune(configs=[triton.Config({"BK": 64, "BV": 64}, num_warps=4), triton.Config({"BK": 32, "BV": 32}, num_warps=2),
-                   triton.Config({"BK": 64, "BV": 32}, num_warps=4), triton.Config({"BK": 64, "BV": 64}, num_warps=8)],
+@autotune(configs=[triton.Config({"BK": 64, "BV": 64}, num_warps=4), triton.Config({"BK": 64, "BV": 32}, num_warps=4),
+                   triton.Config({"BK": 64, "BV": 64}, num_warps=8)],
           key=["K", "V", "C"])
 @triton.jit
 def chunk_output_kernel(q_decayed, aqk, v_new, starts, o, scale, T, NC, H: tl.constexpr, K: tl.constexpr,

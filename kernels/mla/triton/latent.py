@@ -33,7 +33,9 @@ def mla_attention_absorbed(q: torch.Tensor, ckv: torch.Tensor, krope: torch.Tens
     """The IR op `mla_attention_absorbed`: q [B, T, H, Dn + Dr], ckv [B, S, Dc],
     krope [B, S, Dr], w_uk [H, Dn, Dc], w_uv [H, Dv, Dc] -> o [B, T, H, Dv] in q's dtype."""
     Dn = w_uk.shape[1]
-    q_lat = torch.einsum("bthn,hnc->bthc", q[..., :Dn].float(), w_uk.float())  # W_UK folded into q
+    # W_UK folded into q, summed in fp32, then in the cache's dtype: a 16-bit model's dots take
+    # 16-bit operands on the tensor cores (and half the shared memory of fp32 ones)
+    q_lat = torch.einsum("bthn,hnc->bthc", q[..., :Dn].float(), w_uk.float()).to(ckv.dtype)
     o_lat = flash_attention(q_lat, ckv.contiguous(), ckv.contiguous(), scale, q2=q[..., Dn:].contiguous(),
                             k2=krope.contiguous(), out_dtype=torch.float32)
     return torch.einsum("bthc,hvc->bthv", o_lat, w_uv.float()).to(q.dtype)

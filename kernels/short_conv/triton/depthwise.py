@@ -9,17 +9,20 @@ from __future__ import annotations
 
 import torch
 
-from ...common.triton import autotune, check_device
+from ...common.triton import autotune, check_device, prune_rows, rows_bucket
 
 import triton  # isort: skip  (after common.triton has chosen the mode)
 import triton.language as tl  # isort: skip
 
 
-@autotune(configs=[triton.Config({"BT": 64, "BC": 128}, num_warps=4), triton.Config({"BT": 32, "BC": 64}, num_warps=2),
-                   triton.Config({"BT": 64, "BC": 64}, num_warps=4), triton.Config({"BT": 16, "BC": 128}, num_warps=4)],
-          key=["C", "W"])
+# The W taps' loads are all in flight at once (x and state, [BT, BC] each): tiles of 64 x 128
+# at 4 warps spilled on sm_90, so a tile holds at most 32 values a thread. A decode step
+# (T = 1) keeps the 16-step tile only (prune_rows).
+@autotune(configs=[triton.Config({"BT": 64, "BC": 64}, num_warps=8), triton.Config({"BT": 32, "BC": 64}, num_warps=4),
+                   triton.Config({"BT": 16, "BC": 128}, num_warps=4)],
+          key=["T_BUCKET", "C", "W"], prune_configs_by=prune_rows("T", "BT"))
 @triton.jit
-def short_conv_kernel(x, w, state, y, state_out, T, C: tl.constexpr, W: tl.constexpr, BT: tl.constexpr,
+def short_conv_kernel(x, w, state, y, state_out, T, T_BUCKET, C: tl.constexpr, W: tl.constexpr, BT: tl.constexpr,
                       BC: tl.constexpr, SILU: tl.constexpr):
     i_t, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     o_t = i_t * BT + tl.arange(0, BT)
@@ -43,11 +46,12 @@ def short_conv_kernel(x, w, state, y, state_out, T, C: tl.constexpr, W: tl.const
 
     if i_t == 0:  # the new state: steps T - (W - 1) .. T - 1 of [state ++ x]
         for j in tl.static_range(W - 1):
-            o_src = T - (W - 1) + j
-            b_x = tl.load(x + (i_b * T + o_src) * C + o_c, mask=m_c & (o_src >= 0), other=0.)
-            b_s = tl.load(state + i_b * C * (W - 1) + o_c * (W - 1) + o_src + W - 1,
-                          mask=m_c & (o_src < 0), other=0.)
-            b_new = tl.where(o_src >= 0, b_x.to(tl.float32), b_s.to(tl.float32))
+            # names of their own: the compiler rejects a scalar where a block of that name was
+            i_src = T - (W - 1) + j
+            b_xs = tl.load(x + (i_b * T + i_src) * C + o_c, mask=m_c & (i_src >= 0), other=0.)
+            b_ss = tl.load(state + i_b * C * (W - 1) + o_c * (W - 1) + i_src + W - 1,
+                           mask=m_c & (i_src < 0), other=0.)
+            b_new = tl.where(i_src >= 0, b_xs.to(tl.float32), b_ss.to(tl.float32))
             tl.store(state_out + i_b * C * (W - 1) + o_c * (W - 1) + j, b_new.to(state_out.dtype.element_ty),
                      mask=m_c)
 
@@ -66,7 +70,7 @@ def short_conv(x: torch.Tensor, weight: torch.Tensor, state: torch.Tensor | None
     y = torch.empty_like(x)
     state_out = torch.empty_like(state)
     grid = lambda meta: (triton.cdiv(T, meta["BT"]), triton.cdiv(C, meta["BC"]), B)
-    short_conv_kernel[grid](x, weight, state, y, state_out, T, C=C, W=W, SILU=activation == "silu")
+    short_conv_kernel[grid](x, weight, state, y, state_out, T, rows_bucket(T), C=C, W=W, SILU=activation == "silu")
     return y, state_out
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from ...common.triton import autotune, check_device, dot_precision, dots_in_fp32
+from ...common.triton import autotune, check_device, dot_precision, dots_in_fp32, prune_rows
 
 import triton  # isort: skip  (after common.triton has chosen the mode)
 import triton.language as tl  # isort: skip
@@ -78,13 +78,17 @@ def situ(gate: torch.Tensor, up: torch.Tensor, beta: float = 4.0, linear_beta: f
     return out
 
 
-@autotune(configs=[triton.Config({"BM": 64, "BN": 64, "BK": 64}, num_warps=4),
-                   triton.Config({"BM": 128, "BN": 64, "BK": 32}, num_warps=4, num_stages=3),
-                   triton.Config({"BM": 64, "BN": 128, "BK": 32}, num_warps=4, num_stages=3),
-                   triton.Config({"BM": 128, "BN": 128, "BK": 32}, num_warps=8, num_stages=3),
-                   triton.Config({"BM": 32, "BN": 64, "BK": 64}, num_warps=2, num_stages=4),
-                   triton.Config({"BM": 16, "BN": 64, "BK": 128}, num_warps=2, num_stages=4)],
-          key=["M_BUCKET", "N", "K"])
+# Two fp32 accumulators and the activation's epilogue live in registers at once: a 128 x 128
+# tile of both (128 values a thread at 8 warps) spilled on sm_90, so the tiles stop at
+# 128 x 64 / 64 x 128 with 8 warps, and fp32 operands (3xTF32) take the 2048-output tiles
+# (tile_fits). Decode (M = 1) keeps the 16-row tile only (prune_rows).
+@autotune(configs=[triton.Config({"BM": 64, "BN": 64, "BK": 64}, num_warps=4, num_stages=3),
+                   triton.Config({"BM": 128, "BN": 64, "BK": 64}, num_warps=8, num_stages=3),
+                   triton.Config({"BM": 64, "BN": 128, "BK": 32}, num_warps=8, num_stages=3),
+                   triton.Config({"BM": 64, "BN": 32, "BK": 64}, num_warps=4, num_stages=3),
+                   triton.Config({"BM": 32, "BN": 64, "BK": 64}, num_warps=4, num_stages=3),
+                   triton.Config({"BM": 16, "BN": 64, "BK": 64}, num_warps=4, num_stages=4)],
+          key=["M_BUCKET", "N", "K"], prune_configs_by=prune_rows("M", "BM", "BN"))
 @triton.jit
 def gated_gemm_kernel(x, w, out, M, M_BUCKET, beta, linear_beta, N: tl.constexpr, K: tl.constexpr,
                       BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, ACT: tl.constexpr,

@@ -12,18 +12,17 @@ import copy
 
 import pytest
 import torch
-from conftest import build
+from conftest import CAPACITY, build
 
-import k3c
 from k3c.numerics import compare, model_tolerance
 
 MODELS = ["kimi-linear-tiny", "k3-tiny"]
-PROMPT, STEPS, BATCH = 5, 300, 2
-CAPACITY = PROMPT + STEPS
+PROMPT, BATCH = 5, 2
+STEPS = CAPACITY - PROMPT  # 300: the steps fill the cache
 
 
 @pytest.fixture(scope="module")
-def case(zoo):
+def case(zoo, fixed_graphs):
     """name -> (model, tokens, eager logits at positions PROMPT.., tolerance, fixed graphs, grow graphs);
     the growing graphs are the session's (tests/conftest.py), captured once for every test."""
     cache = {}
@@ -37,8 +36,7 @@ def case(zoo):
             with torch.no_grad():
                 eager = model.prefill(tokens)[0][:, PROMPT:]
                 exact = copy.deepcopy(model).double().prefill(tokens)[0][:, PROMPT:]
-            ids = tokens[:, :PROMPT]
-            fixed = k3c.capture_entries(model, (ids,), max_context=CAPACITY)
+            fixed = fixed_graphs(model)
             grow = {"prefill": grow_prefill, "decode": grow_decode}
             cache[name] = (model, tokens, eager, model_tolerance(eager, exact), fixed, grow)
         return cache[name]
@@ -59,7 +57,8 @@ def decode_all(compiled, tokens, state=None) -> tuple[torch.Tensor, dict]:
     return torch.cat(out, dim=1), state
 
 
-@pytest.mark.parametrize("backend", ["onnx", "tvm"])
+# onnx runs in CI; TVM's builds of both serving forms take minutes here: the slow tier
+@pytest.mark.parametrize("backend", ["onnx", pytest.param("tvm", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("name", MODELS)
 def test_fixed_equals_grow_and_eager_300_steps(case, name, backend, tmp_path):
     model, tokens, eager, tol, fixed_graphs, grow_graphs = case(name)
@@ -83,6 +82,7 @@ def test_fixed_equals_grow_and_eager_300_steps(case, name, backend, tmp_path):
         assert c.ok, f"{name} {backend}: state {k!r} fixed vs grow: {c}"
 
 
+@pytest.mark.slow
 def test_triton_fixed_cache_few_steps(case, tmp_path):
     """The Triton module (under the interpreter without a GPU: slow, so three steps) runs the
     fixed-cache decode through the ops' decompositions."""

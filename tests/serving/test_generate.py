@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import build
+from conftest import CAPACITY, build
 
 import k3c
 from k3c.generate import EagerRunner, generate
@@ -19,14 +19,12 @@ from k3c.numerics import compare
 from k3c.serving import with_last_entry
 
 ROOT = Path(__file__).resolve().parents[2]
-CAPACITY = 32
 
 
 @pytest.fixture(scope="module")
-def k3_onnx(tmp_path_factory):
+def k3_onnx(tmp_path_factory, fixed_graphs):
     model = k3c.models.build("k3-tiny").eval()
-    ids = torch.zeros(2, 16, dtype=torch.long)
-    graphs = with_last_entry(k3c.capture_entries(model, (ids,), max_context=CAPACITY))
+    graphs = with_last_entry(fixed_graphs(model))
     out = tmp_path_factory.mktemp("gen") / "onnx"
     compiled = build("onnx", graphs, out)
     from k3c.serving import record_serving

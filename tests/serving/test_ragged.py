@@ -9,7 +9,7 @@ import copy
 
 import pytest
 import torch
-from conftest import build
+from conftest import CAPACITY, build
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -17,8 +17,6 @@ import k3c
 from k3c.errors import InputError
 from k3c.numerics import compare, model_tolerance
 from k3c.serving import with_last_entry
-
-CAPACITY = 131  # prompts up to 130 tokens, then one decode step
 
 
 def ragged(model, lengths: list[int], seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -77,8 +75,8 @@ def tolerance_of(model, ids, lengths):
     return model_tolerance(a, b)
 
 
-@pytest.mark.parametrize("name", ["kimi-linear-tiny", "gpt2-tiny", "gated-deltanet-tiny",
-                                  "deltanet-tiny", "linear-attn-tiny"])
+@pytest.mark.parametrize("name", ["kimi-linear-tiny", "gpt2-tiny", *[pytest.param(n, marks=pytest.mark.slow) for n in (
+    "gated-deltanet-tiny", "deltanet-tiny", "linear-attn-tiny")]])
 def test_eager_ragged_batch_equals_each_alone(name):
     model = k3c.models.build(name).eval()
     ids, lengths = ragged(model, [9, 4, 1, 6])
@@ -95,17 +93,16 @@ def test_ragged_prefill_needs_fixed_caches():
 
 
 @pytest.fixture(scope="module")
-def k3_artifacts(tmp_path_factory):
+def k3_artifacts(tmp_path_factory, fixed_graphs):
     """k3-tiny captured once with fixed caches, built for the reference and ONNX backends."""
     model = k3c.models.build("k3-tiny").eval()
-    ids, _ = ragged(model, [16, 16])
-    graphs = with_last_entry(k3c.capture_entries(model, (ids,), max_context=CAPACITY))
+    graphs = with_last_entry(fixed_graphs(model))
     out = tmp_path_factory.mktemp("ragged")
     ids, lengths = ragged(model, [130, 1, 77, 64])
     return model, tolerance_of(model, ids, lengths), {b: build(b, graphs, out / b) for b in ("reference", "onnx")}
 
 
-@pytest.mark.parametrize("backend", ["reference", "onnx"])
+@pytest.mark.parametrize("backend", ["reference", pytest.param("onnx", marks=pytest.mark.slow)])
 @settings(max_examples=3, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(lengths=st.lists(st.integers(1, 130), min_size=1, max_size=4))
 def test_artifact_ragged_batch_equals_each_alone(k3_artifacts, backend, lengths):

@@ -9,9 +9,9 @@ is a graph input (then the runner checks the values), and refuse it otherwise, s
 
 The proof is a sign analysis over the producers: exp, softplus, sigmoid, relu, abs, sqrt are
 >= 0; neg flips a sign; a product's sign follows its factors', a sum's its terms' when they
-agree; reshapes, slices, concatenations and casts keep it; a constant or weight has the sign
-of its values. The zoo's gates are all of that form: -exp(A_log) * softplus(x) and
-lb * sigmoid(x) with lb < 0.
+agree, a `where`'s its branches' when they agree; reshapes, slices, concatenations and
+casts keep it; a constant or weight has the sign of its values. The zoo's gates are all of
+that form: -exp(A_log) * softplus(x) and lb * sigmoid(x) with lb < 0.
 """
 
 from __future__ import annotations
@@ -55,6 +55,9 @@ def sign_of(graph: Graph):
         if n.op in NONNEG_OPS:
             return "nonneg"
         ins = [sign(i) for i in n.inputs if i]
+        if n.op == "where":  # either branch: a padded token's zero gate keeps the gate's sign
+            branches = [sign(i) for i in n.inputs[1:]]
+            return branches[0] if len(branches) == 2 and branches[0] == branches[1] != "input" else None
         if n.op == "neg":
             return {"nonpos": "nonneg", "nonneg": "nonpos"}.get(ins[0])
         if n.op in SAME_SIGN_OPS or n.op in ("add", "maximum", "minimum"):

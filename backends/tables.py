@@ -49,10 +49,11 @@ TABLES: dict[str, Registry] = {b: Registry(f"{b} lowering of op") for b in ("onn
 # The modules that fill each table with the built-in lowerings (imported on first use: the
 # toolchains are heavy, and a table is only read when its backend is asked for).
 _BUILTIN = {
-    "onnx": ("k3c.backends.onnx.standard", "k3c.backends.onnx.custom", "k3c.backends.onnx.functions"),
+    "onnx": ("k3c.backends.onnx.standard", "k3c.backends.onnx.custom", "k3c.backends.onnx.functions",
+             "k3c.backends.onnx.cache"),
     "onnx:ort": ("k3c.backends.onnx.ort",),
     "tvm": ("k3c.backends.tvm.relax_ops", "k3c.backends.tvm.kernel_ops", "k3c.backends.tvm.chunk_ops",
-            "k3c.backends.tvm.quant_ops"),
+            "k3c.backends.tvm.quant_ops", "k3c.backends.tvm.cache_ops"),
     "triton": ("k3c.backends.triton.lowering",),
 }
 _loaded: set[str] = set()

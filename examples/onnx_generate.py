@@ -3,9 +3,13 @@
     python examples/onnx_generate.py DIR [--tokens N]
 
 DIR holds prefill.onnx, decode.onnx, weights.bin and manifest.json (`k3c compile --model
-k3-tiny --backend onnx --out DIR`). When DIR has no manifest yet, k3-tiny is compiled into it
-first; that step needs k3c, the generation itself only onnxruntime, numpy and json: the
-manifest says which outputs are state and which decode input each one feeds.
+k3-tiny --backend onnx --max-context 64 --out DIR`). When DIR has no manifest yet, k3-tiny is
+compiled into it first, with fixed-capacity caches of 64 rows; that step needs k3c, the
+generation itself only onnxruntime, numpy and json: the manifest says which outputs are state
+and which decode input each one feeds. With fixed caches (manifest "serving") the prefill takes
+the prompt's `lengths` and `prefill_last` returns only the last logits; the state then holds
+every cache at capacity and `positions`, and each decode step writes one row of each cache.
+An artifact with growing caches runs too.
 """
 
 import json
@@ -22,7 +26,7 @@ def compile_k3_tiny(out_dir):
     import k3c
 
     model = k3c.models.build("k3-tiny")
-    k3c.compile(model, "onnx", (torch.zeros(2, 16, dtype=torch.long),), out_dir=out_dir)
+    k3c.compile(model, "onnx", (torch.zeros(2, 16, dtype=torch.long),), out_dir=out_dir, max_context=64)
 
 
 def load_manifest(out_dir):
@@ -37,12 +41,22 @@ def load_manifest(out_dir):
 
 def generate(out_dir, prompt, new_tokens):
     manifest = load_manifest(out_dir)
-    prefill_spec, decode_spec = manifest["entries"]["prefill"], manifest["entries"]["decode"]
-    prefill = ort.InferenceSession(f"{out_dir}/{prefill_spec['file']}", providers=["CPUExecutionProvider"])
-    decode = ort.InferenceSession(f"{out_dir}/{decode_spec['file']}", providers=["CPUExecutionProvider"])
+    entries = manifest["entries"]
+    prefill_spec = entries.get("prefill_last", entries["prefill"])  # last-token logits where compiled
+    decode_spec = entries["decode"]
+    capacity = manifest.get("serving", {}).get("max_context")
+    if capacity is not None and len(prompt) + new_tokens - 1 > capacity:
+        sys.exit(f"{len(prompt)} prompt and {new_tokens} new tokens exceed the caches' capacity {capacity}")
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3  # TensorScatter warns that it copies the cache (no IOBinding here)
+    prefill = ort.InferenceSession(f"{out_dir}/{prefill_spec['file']}", opts, providers=["CPUExecutionProvider"])
+    decode = ort.InferenceSession(f"{out_dir}/{decode_spec['file']}", opts, providers=["CPUExecutionProvider"])
 
     ids = np.array([prompt], dtype=np.int64)  # [B = 1, T]
-    outs = prefill.run(None, {"input_ids": ids})
+    feed = {"input_ids": ids}
+    if any(i["name"] == "lengths" for i in prefill_spec["inputs"]):  # fixed caches: right-padded prompts
+        feed["lengths"] = np.array([len(prompt)], dtype=np.int64)
+    outs = prefill.run(None, feed)
     state = {o["state"]: v for o, v in zip(prefill_spec["outputs"], outs) if "state" in o}
     logits, tokens = outs[0], []
     for _ in range(new_tokens):

@@ -4,6 +4,11 @@ Entries of a zoo model: `prefill` (input_ids [B, T] -> logits, state...), `decod
 (input_ids [B, 1] and the state -> logits, new state) and `forward` (-> logits). Any other
 nn.Module is captured through its `forward`, with dim 0 of every tensor input named B and
 dim 1 named T unless `dynamic_shapes` says otherwise.
+
+With `max_context=N` the zoo entries are the serving forms: prefill takes (input_ids, lengths)
+of right-padded prompts (T <= N) and returns every cache at capacity [B, N, ...] and the
+state's `positions`; decode takes that state (N static, only B dynamic) and writes one row a
+sequence, each at its own position.
 """
 
 from __future__ import annotations
@@ -25,13 +30,15 @@ from .translate import Translator, UnsupportedOpError
 class _Entry(torch.nn.Module):
     """A zoo model's prefill/decode/forward as the `forward` that torch.export traces."""
 
-    def __init__(self, model: torch.nn.Module, entry: str):
+    def __init__(self, model: torch.nn.Module, entry: str, max_context: int | None = None):
         super().__init__()
-        self.m, self.entry = model, entry
+        self.m, self.entry, self.max_context = model, entry, max_context
 
     def forward(self, input_ids, state=None):
         if self.entry == "decode":
             return self.m.decode(input_ids, state)
+        if self.max_context is not None:  # the serving prefill: `state` is the prompts' lengths
+            return self.m.prefill(input_ids, lengths=state, max_context=self.max_context)
         return getattr(self.m, self.entry)(input_ids)
 
 
@@ -71,12 +78,38 @@ def _growing_dims(model, input_ids: torch.Tensor) -> dict[str, set[int]]:
     return {k: {i for i, (x, y) in enumerate(zip(a[k].shape, b[k].shape)) if x != y} for k in a}
 
 
-def _length_bounds(model) -> tuple[int | None, int | None]:
+def _length_bounds(model, max_context: int | None = None) -> tuple[int | None, int | None]:
     """The most tokens a prefill (T) and a decode cache (P) may hold, or None: unbounded.
-    A position table (GPT-2's n_positions) bounds both; a graph records the bound in its dims,
-    and every runner enforces it."""
+    A position table (GPT-2's n_positions) bounds both, a fixed capacity the prefill; a graph
+    records the bound in its dims, and every runner enforces it."""
     limit = getattr(getattr(model, "config", None), "n_positions", None)
-    return (None, None) if limit is None else (int(limit), int(limit) - 1)
+    bounds = (None, None) if limit is None else (int(limit), int(limit) - 1)
+    if max_context is not None:
+        bounds = (min(max_context, bounds[0] or max_context), bounds[1])
+    return bounds
+
+
+def _serving_spec(model, entry: str, args: tuple, dynamic: bool, max_context: int):
+    """Dynamic dims of the serving forms: B (when dynamic) everywhere, T in prefill; a fixed
+    capacity is a static dim, so a decode step has no other."""
+    batch = {0: Dim("B")} if dynamic else {}
+    if entry == "decode":
+        return (dict(batch), {k: dict(batch) for k in args[1]})
+    max_t = _length_bounds(model, max_context)[0]
+    return ({**batch, 1: Dim("T", max=max_t)}, dict(batch))
+
+
+def _serving_args(model, args: tuple, entry: str, max_context: int) -> tuple:
+    """Example inputs of a serving entry: (ids, lengths) for prefill, (ids[:, :1], state) for decode."""
+    ids = args[0]
+    if entry == "decode":
+        if len(args) > 1:
+            return (ids[:, :1], args[1])
+        prefix = torch.zeros(ids.shape[0], 3, dtype=ids.dtype, device=ids.device)
+        with torch.no_grad():
+            return (ids[:, :1], model.prefill(prefix, max_context=max_context)[1])
+    lengths = args[1] if len(args) > 1 else torch.full((ids.shape[0],), ids.shape[1], dtype=torch.long)
+    return (ids, lengths)
 
 
 def _dynamic_spec(model, entry: str, args: tuple, dynamic: bool):
@@ -138,13 +171,15 @@ def _meta_growing(state) -> dict[str, set[int]]:
 
 def capture(model: torch.nn.Module, example_inputs: tuple, dynamic: bool = True, *,
             entry: str | None = None, dynamic_shapes=None, name: str | None = None,
-            verbose: bool = False) -> Graph:
+            verbose: bool = False, max_context: int | None = None) -> Graph:
     """Capture `model` with torch.export into a verified k3c Graph.
 
     `entry` picks the method of a zoo model: "prefill" (default), "decode" or "forward".
     For "decode", `example_inputs` is `(input_ids,)` (a state is made by a short prefill)
-    or `(input_ids, state)`. Raises UnsupportedOpError listing every op the frontend does
-    not know, each with the line of model code that produced it.
+    or `(input_ids, state)`. `max_context` captures the serving forms (fixed-capacity caches
+    of that many rows; prefill then takes `(input_ids, lengths)`). Raises UnsupportedOpError
+    listing every op the frontend does not know, each with the line of model code that
+    produced it.
     """
     if not isinstance(example_inputs, tuple):
         example_inputs = (example_inputs,)
@@ -157,11 +192,18 @@ def capture(model: torch.nn.Module, example_inputs: tuple, dynamic: bool = True,
     # fresh contiguous copies: a view's strides would tie its dims to the base tensor's
     args = pytree.tree_map(lambda t: t.clone(memory_format=torch.contiguous_format)
                            if isinstance(t, torch.Tensor) else t, example_inputs)
-    if entry == "decode" and len(args) == 1:
+    serving = max_context is not None and is_lm and entry != "forward"
+    if serving:
+        args = _serving_args(model, args, entry, max_context)
+    elif entry == "decode" and len(args) == 1:
         ids = args[0][:, :1]
         args = (ids, _example_decode_state(model, ids) if not ids.is_meta else _meta_state(model, ids))
-    wrapper = _Entry(model, entry) if is_lm else model
-    spec = dynamic_shapes if dynamic_shapes is not None else _dynamic_spec(model, entry, args, dynamic)
+    wrapper = _Entry(model, entry, max_context if serving else None) if is_lm else model
+    if dynamic_shapes is not None:
+        spec = dynamic_shapes
+    else:
+        spec = _serving_spec(model, entry, args, dynamic, max_context) if serving else \
+            _dynamic_spec(model, entry, args, dynamic)
     args = _widen_examples(args, spec)
     t0 = time.perf_counter()
     ep = export(wrapper, args, spec)
@@ -172,9 +214,11 @@ def capture(model: torch.nn.Module, example_inputs: tuple, dynamic: bool = True,
         if unknown:
             raise UnsupportedOpError(unknown)
     with torch.no_grad():
-        outputs = getattr(model, entry)(*args) if is_lm else model(*args)
+        outputs = wrapper(*args)
     in_names = _names(args, "input") if entry != "forward" or not is_lm else ["input_ids"]
-    if is_lm:
+    if is_lm and serving and entry == "prefill":
+        in_names = ["input_ids", "lengths"]
+    elif is_lm:
         in_names = ["input_ids"] + [n.split(".", 1)[1] for n in in_names[1:]]
     out_names = _names(outputs, "output")
     if is_lm and entry != "forward":
@@ -186,6 +230,8 @@ def capture(model: torch.nn.Module, example_inputs: tuple, dynamic: bool = True,
     graph.dims = {n: _range(ep, s) for s, n in symbols.items()}
     Translator(ep, graph, symbols, in_names, out_names, weight_prefix="m." if is_lm else "").run(TABLE)
     graph.meta = {"entry": entry, "model": getattr(model, "name", type(model).__name__)}
+    if serving:
+        graph.meta["max_context"] = max_context
     graph.prune_types()
     if verbose:
         print(f"captured {graph.name}: {len(graph.nodes)} nodes in {time.perf_counter() - t0:.1f}s")

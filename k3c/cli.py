@@ -233,7 +233,8 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     try:
         compiled = k3c_compile(model, name, (_example_ids(model),), out_dir=args.out,
                                passes=args.pipeline, verbose=True, force=args.force,
-                               pass_options={"verify_each": args.verify, "dump_after": args.dump_after}, **options)
+                               pass_options={"verify_each": args.verify, "dump_after": args.dump_after},
+                               max_context=args.max_context, cache=args.cache, **options)
     except RuntimeError as e:
         from .backends.triton.aot import AotError
 
@@ -303,6 +304,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --backend all: prefill length of the check (default 130); "
                    "with --target sm_*: the prefill length the kernels are compiled for (default 8192)")
     s.add_argument("--force", action="store_true", help="replace what --out holds, even another artifact")
+    s.add_argument("--max-context", type=checks.count(2), help="fixed-capacity caches of this many rows")
+    s.add_argument("--cache", choices=["fixed", "grow"], help="the caches' form (fixed needs --max-context)")
     _precision_args(s)
     s.set_defaults(func=_cmd_compile)
 
@@ -351,7 +354,25 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--force", action="store_true", help="replace what --out holds, even other artifacts")
     _precision_args(s)
     s.set_defaults(func=_cmd_bench)
+
+    s = sub.add_parser("generate", help="greedy generation through an artifact with fixed-capacity caches")
+    s.add_argument("--model", required=True)
+    s.add_argument("--backend", required=True, help="reference, onnx, tvm, triton or eager")
+    s.add_argument("--prompt-ids", help='one prompt of token ids, e.g. "1 2 3"')
+    s.add_argument("--prompt-file", help="a file holding one prompt's token ids")
+    s.add_argument("--batch-file", help="a file of prompts, one a line (they may differ in length)")
+    s.add_argument("--max-new-tokens", type=checks.count(1), required=True)
+    s.add_argument("--max-context", type=checks.count(2), help="cache capacity (default: longest prompt + new)")
+    s.add_argument("--out", help="artifact folder (default: a new temporary folder)")
+    s.add_argument("--force", action="store_true", help="replace what --out holds, even another artifact")
+    s.set_defaults(func=_cmd_generate)
     return p
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    from .generate import run_cli
+
+    return run_cli(args)
 
 
 def _k3c_errors() -> tuple[type, ...]:

@@ -11,16 +11,18 @@ import torch
 
 from . import backends
 from .backends import artifact
-from .errors import InputError
+from .errors import InputError, UsageError
 from .frontend import capture
 from .ir import Graph
 
 
-def capture_entries(model: torch.nn.Module, example_inputs: tuple, dynamic: bool = True) -> dict[str, Graph]:
-    """The graphs a backend compiles: prefill and decode for a zoo model, else forward."""
+def capture_entries(model: torch.nn.Module, example_inputs: tuple, dynamic: bool = True,
+                    max_context: int | None = None) -> dict[str, Graph]:
+    """The graphs a backend compiles: prefill and decode for a zoo model, else forward.
+    `max_context=N`: their serving forms, with fixed-capacity caches of N rows (capture)."""
     if hasattr(model, "prefill") and hasattr(model, "decode"):
-        return {"prefill": capture(model, example_inputs, dynamic, entry="prefill"),
-                "decode": capture(model, example_inputs, dynamic, entry="decode")}
+        return {entry: capture(model, example_inputs, dynamic, entry=entry, max_context=max_context)
+                for entry in ("prefill", "decode")}
     return {"forward": capture(model, example_inputs, dynamic)}
 
 
@@ -73,14 +75,29 @@ class CompiledModel:
         outs = self.runner.run("forward", *inputs)
         return outs[0] if len(outs) == 1 else outs
 
-    def prefill(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        outs = self.runner.run("prefill", input_ids)
-        names = [k for k, _ in self.graphs["prefill"].outputs]
-        return outs[0], dict(zip(names[1:], outs[1:]))
+    @property
+    def max_context(self) -> int | None:
+        """The capacity of the fixed caches (None: the artifact's caches grow)."""
+        return self.graphs["prefill"].meta.get("max_context") if "prefill" in self.graphs else None
+
+    def prefill(self, input_ids: torch.Tensor, lengths=None,
+                logits: str = "all") -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """As the eager model's prefill: `lengths` [B] for right-padded prompts (fixed caches),
+        `logits="last"` the logits of each sequence's last real token, [B, 1, vocab]."""
+        from .serving import last_logits, prefill_inputs
+
+        entry, inputs = prefill_inputs(self, input_ids, lengths, logits)
+        outs = self.runner.run(entry, *inputs)
+        names = [k for k, _ in self.graphs[entry].outputs]
+        out = outs[0] if logits == "all" or entry == "prefill_last" else last_logits(outs[0], lengths)
+        return out, dict(zip(names[1:], outs[1:]))
 
     def decode(self, input_ids: torch.Tensor, state: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict]:
         g = self.graphs["decode"]
         check_state_names(g.inputs[1:], state, self.model_name)
+        from .serving import check_decode_positions
+
+        check_decode_positions(self, state, input_ids.shape[0])
         outs = self.runner.run("decode", input_ids, *[state[n] for n in g.inputs[1:]])
         names = [k for k, _ in g.outputs]
         return outs[0], dict(zip(names[1:], outs[1:]))
@@ -112,7 +129,7 @@ def prepare(graphs: dict[str, Graph], be, passes: str | list[str] = "default",
 def compile(model: torch.nn.Module, backend: str, example_inputs: tuple, out_dir: str | Path | None = None,
             passes: str | list[str] = "default", *, dynamic: bool = True, verbose: bool = False,
             pass_options: dict | None = None, force: bool = False, mesh: str | None = None,
-            **options) -> CompiledModel:
+            max_context: int | None = None, cache: str | None = None, **options) -> CompiledModel:
     """Compile `model` for `backend` ("reference", "onnx", "tvm", "triton").
 
     Writes the artifact to `out_dir` (a new temporary folder when None) and returns a
@@ -122,11 +139,21 @@ def compile(model: torch.nn.Module, backend: str, example_inputs: tuple, out_dir
     not replaced unless `force`. An op the backend cannot lower is an UnsupportedNodeError
     that names every such node, the backend and the model line. `pass_options` go to
     `k3c.passes.run` (verify_each, dump_after, report).
+
+    `max_context=N` gives the serving forms (k3c/serving.py): fixed-capacity caches of N rows
+    written in place by decode, `positions` in the state, ragged prompts (`lengths`) and a
+    `prefill_last` entry for last-token logits. `cache="grow"` keeps the growing caches.
     """
+    from .serving import check_cache_mode, record_serving, with_last_entry
+
+    max_context = check_cache_mode(max_context, cache)
     if not isinstance(example_inputs, tuple):
         example_inputs = (example_inputs,)
     if mesh is not None:  # one artifact per rank (k3c.distributed.runner); returns their folder
         from .distributed.runner import compile_mesh
+
+        if max_context is not None:
+            raise UsageError("mesh= with max_context=: the per-rank artifacts have growing caches only")
 
         return compile_mesh(model, backend, example_inputs, mesh, out_dir, passes, force=force, **options)
     be = backends.get(backend, **{**options.pop("backend_options", {}), **options})
@@ -135,7 +162,9 @@ def compile(model: torch.nn.Module, backend: str, example_inputs: tuple, out_dir
                               variant=artifact.variant_of(be), force=force)
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
-    graphs = capture_entries(model, example_inputs, dynamic)
+    graphs = capture_entries(model, example_inputs, dynamic, max_context=max_context)
+    if max_context is not None:
+        graphs = with_last_entry(graphs)
     timings["capture"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     graphs = prepare(graphs, be, passes, pass_options)
@@ -147,6 +176,7 @@ def compile(model: torch.nn.Module, backend: str, example_inputs: tuple, out_dir
     t0 = time.perf_counter()
     artifact.write(be, graphs, out, force=force)
     timings["lower"] = time.perf_counter() - t0
+    record_serving(out, graphs)
     t0 = time.perf_counter()
     runner = be.load(out)
     timings["load"] = time.perf_counter() - t0

@@ -14,6 +14,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..kernels.situ.naive import silu_glu, situ
+from .serving import Seq, last_rows
 from .validate import check_decode, check_prefill
 
 State = dict[str, torch.Tensor]
@@ -60,26 +61,52 @@ def activate(gate: torch.Tensor, up: torch.Tensor, act: str, beta: float,
 class CausalLM(nn.Module):
     """Base of every model: `forward`, `prefill` and `decode` over `step`.
 
-    Subclasses implement `step(input_ids, state) -> (logits, new_state)`, where `state` is
-    None for a fresh sequence.
+    Subclasses implement `step(input_ids, state, seq) -> (logits, new_state)`, where `state`
+    is None for a fresh sequence and `seq` (models/serving.py) says which prompt tokens are
+    real, where each sequence stands in a fixed-capacity cache, and whose logits are wanted.
+
+    prefill(ids, lengths=None, logits="all", max_context=None)
+        lengths      int64 [B]: right-padded prompts, sequence b holds lengths[b] real tokens
+        logits       "all" [B, T, vocab] or "last" [B, 1, vocab] (each sequence's last real token)
+        max_context  N: every cache at full capacity [B, N, ...] and the state's `positions`
+                     (int64 [B], the tokens each sequence holds); None: caches of T rows that
+                     grow by one a step (the batch's sequences then share one length)
+    decode(ids, state) takes either state; with `positions` it writes each sequence's row at
+    its own position, so the sequences of a batch may stand at different positions.
     """
 
     config: object
 
-    def step(self, input_ids: torch.Tensor, state: State | None) -> tuple[torch.Tensor, State]:
+    def step(self, input_ids: torch.Tensor, state: State | None,
+             seq: Seq | None = None) -> tuple[torch.Tensor, State]:
         raise NotImplementedError
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         check_prefill(self, input_ids)
         return self.step(input_ids, None)[0]
 
-    def prefill(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, State]:
-        check_prefill(self, input_ids)  # an InputError names a bad id or a length past the model's bound
-        return self.step(input_ids, None)
+    def prefill(self, input_ids: torch.Tensor, lengths: torch.Tensor | None = None, logits: str = "all",
+                max_context: int | None = None) -> tuple[torch.Tensor, State]:
+        # an InputError names a bad id, length or capacity, or a length past the model's bound
+        lengths = check_prefill(self, input_ids, lengths, logits, max_context)
+        seq = Seq(lengths=lengths, max_context=max_context, last=logits == "last")
+        out, state = self.step(input_ids, None, seq)
+        if seq.fixed:
+            state["positions"] = seq.held(*input_ids.shape, input_ids.device)
+        return out, state
 
     def decode(self, input_ids: torch.Tensor, state: State) -> tuple[torch.Tensor, State]:
         check_decode(self, input_ids, state)  # ... or a state entry that is missing, foreign or misshapen
-        return self.step(input_ids, state)
+        positions = state.get("positions")
+        if positions is None:
+            return self.step(input_ids, state)
+        out, new = self.step(input_ids, {k: v for k, v in state.items() if k != "positions"}, Seq(positions=positions))
+        new["positions"] = positions + 1
+        return out, new
+
+    def head(self, x: torch.Tensor, seq: Seq | None) -> torch.Tensor:
+        """The lm_head, on each sequence's last real row only when `seq` asks for it."""
+        return self.lm_head(last_rows(x, seq) if seq is not None and seq.last else x)
 
 
 def sub_state(state: State | None, prefix: str) -> State | None:

@@ -6,7 +6,9 @@
     o, S    = kda(q, k, v, g, beta, scale=K^-0.5, S0)
     o       = rmsnorm_V(o) * w * sigmoid(g_proj(x)) ; y = o_proj(o)
 
-State: `S` [B, H, K, V] fp32 and the conv tails `conv_q`, `conv_k`, `conv_v` [B, C, 3].
+State: `S` [B, H, K, V] fp32 and the conv tails `conv_q`, `conv_k`, `conv_v` [B, C, 3]. In a
+right-padded prefill (models/serving.py) padding tokens get g = 0 and beta = 0, so S passes
+them unchanged, and each conv tail holds the inputs before its sequence's end.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import torch.nn as nn
 from ..kernels import ops
 from ..kernels.kda.gate import kda_gate_sigmoid, kda_gate_softplus, l2norm
 from .common import RMSNorm, State
+from .serving import Seq, conv_tail
 
 
 class ShortConv(nn.Module):
@@ -26,11 +29,23 @@ class ShortConv(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(channels, 1, width))
 
-    def forward(self, x: torch.Tensor, state: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x: torch.Tensor, state: torch.Tensor | None,
+                lengths: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         C, _, W = self.weight.shape
         if state is None:
             state = x.new_zeros(x.shape[0], C, W - 1)
-        return ops.short_conv(x, self.weight.view(C, W), state, "silu")
+        y, tail = ops.short_conv(x, self.weight.view(C, W), state, "silu")
+        return y, tail if lengths is None else conv_tail(x, state, lengths)
+
+
+def pad_free(g: torch.Tensor | None, beta: torch.Tensor, valid: torch.Tensor):
+    """g [B, T, H(, K)] and beta [B, T, H] with padding tokens at 0: the delta rule's state
+    passes such a token unchanged (exp(0) = 1, nothing written)."""
+    keep = valid[:, :, None]
+    beta = torch.where(keep, beta, torch.zeros((), dtype=beta.dtype))
+    if g is not None:
+        g = torch.where(keep.view(*keep.shape, *[1] * (g.dim() - 3)), g, torch.zeros((), dtype=g.dtype))
+    return g, beta
 
 
 class KDAMixer(nn.Module):
@@ -60,13 +75,14 @@ class KDAMixer(nn.Module):
         self.o_norm = RMSNorm(K, norm_eps)
         self.o_proj = nn.Linear(H * K, d, bias=False)
 
-    def forward(self, x: torch.Tensor, state: State | None) -> tuple[torch.Tensor, State]:
+    def forward(self, x: torch.Tensor, state: State | None, seq: Seq | None = None) -> tuple[torch.Tensor, State]:
         B, T, _ = x.shape
         H, K, V = self.H, self.K, self.V
         st = state or {}
-        q, cq = self.q_conv1d(self.q_proj(x), st.get("conv_q"))
-        k, ck = self.k_conv1d(self.k_proj(x), st.get("conv_k"))
-        v, cv = self.v_conv1d(self.v_proj(x), st.get("conv_v"))
+        lengths = seq.lengths if seq is not None else None
+        q, cq = self.q_conv1d(self.q_proj(x), st.get("conv_q"), lengths)
+        k, ck = self.k_conv1d(self.k_proj(x), st.get("conv_k"), lengths)
+        v, cv = self.v_conv1d(self.v_proj(x), st.get("conv_v"), lengths)
         q, k = l2norm(q.view(B, T, H, K)), l2norm(k.view(B, T, H, K))
         v = v.view(B, T, H, V)
         f = self.f_b_proj(self.f_a_proj(x)).view(B, T, H, K)
@@ -75,6 +91,8 @@ class KDAMixer(nn.Module):
         else:
             g = kda_gate_sigmoid(f, self.A_log, self.dt_bias, self.gate_lower_bound)
         beta = torch.sigmoid(self.b_proj(x).float())
+        if lengths is not None:  # padding leaves S as it is: no decay, no write
+            g, beta = pad_free(g, beta, seq.valid(T))
         S0 = st.get("S")
         if S0 is None:
             S0 = x.new_zeros(B, H, K, V, dtype=torch.float32)

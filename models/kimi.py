@@ -15,6 +15,7 @@ from .configs import KimiConfig
 from .kda_layer import KDAMixer
 from .mla_layer import MLAMixer
 from .moe_layer import MoE
+from .serving import Seq
 
 
 def attn_res(bank: list[torch.Tensor], partial: torch.Tensor, norm: RMSNorm,
@@ -73,13 +74,14 @@ class KimiModel(CausalLM):
             self.model.output_attn_res_proj = nn.Linear(d, 1, bias=False)
         self.lm_head = nn.Linear(d, cfg.vocab_size, bias=False)
 
-    def step(self, input_ids: torch.Tensor, state: State | None) -> tuple[torch.Tensor, State]:
+    def step(self, input_ids: torch.Tensor, state: State | None,
+             seq: Seq | None = None) -> tuple[torch.Tensor, State]:
         h = self.model.embed_tokens(input_ids)
         new_state: State = {}
         block = self.config.attn_res_block_size
         if not block:
             for i, layer in enumerate(self.model.layers):
-                a, st = layer.self_attn(layer.input_layernorm(h), sub_state(state, f"layers.{i}."))
+                a, st = layer.self_attn(layer.input_layernorm(h), sub_state(state, f"layers.{i}."), seq)
                 new_state.update(add_prefix(st, f"layers.{i}."))
                 h = h + a
                 h = h + layer.ffn(layer.post_attention_layernorm(h))
@@ -94,10 +96,10 @@ class KimiModel(CausalLM):
                 if i % block == 0:
                     bank.append(partial)
                     partial = None
-                a, st = layer.self_attn(layer.input_layernorm(x), sub_state(state, f"layers.{i}."))
+                a, st = layer.self_attn(layer.input_layernorm(x), sub_state(state, f"layers.{i}."), seq)
                 new_state.update(add_prefix(st, f"layers.{i}."))
                 partial = a if partial is None else partial + a
                 x = attn_res(bank, partial, layer.mlp_res_norm, layer.mlp_res_proj)
                 partial = partial + layer.ffn(layer.post_attention_layernorm(x))
             h = attn_res(bank, partial, self.model.output_attn_res_norm, self.model.output_attn_res_proj)
-        return self.lm_head(self.model.norm(h)), new_state
+        return self.head(self.model.norm(h), seq), new_state

@@ -18,7 +18,8 @@ from ..kernels import ops
 from ..kernels.kda.gate import l2norm
 from .common import CausalLM, GatedMLP, RMSNorm, State, add_prefix, sub_state
 from .configs import LinearConfig
-from .kda_layer import ShortConv
+from .kda_layer import ShortConv, pad_free
+from .serving import Seq
 
 MIXERS = ("linear_attention", "deltanet", "gated_deltanet")
 
@@ -47,10 +48,11 @@ class LinearMixer(nn.Module):
             self.g_proj = nn.Linear(d, H * V, bias=False)
         self.o_proj = nn.Linear(H * V, d, bias=False)
 
-    def forward(self, x: torch.Tensor, state: State | None) -> tuple[torch.Tensor, State]:
+    def forward(self, x: torch.Tensor, state: State | None, seq: Seq | None = None) -> tuple[torch.Tensor, State]:
         B, T, _ = x.shape
         H, K, V = self.H, self.K, self.V
         st = state or {}
+        lengths = seq.lengths if seq is not None else None
         S0 = st.get("S")
         if S0 is None:
             S0 = x.new_zeros(B, H, K, V, dtype=torch.float32)
@@ -61,19 +63,25 @@ class LinearMixer(nn.Module):
                 z0 = x.new_zeros(B, H, K, dtype=torch.float32)
             q = F.elu(q.view(B, T, H, K)) + 1
             k = F.elu(k.view(B, T, H, K)) + 1
+            if lengths is not None:  # a zero key writes nothing to S or z
+                k = torch.where(seq.valid(T)[:, :, None, None], k, torch.zeros((), dtype=k.dtype))
             o, S, z = ops.linear_attention(q, k, v.view(B, T, H, V), S0, z0, K**-0.5)
             return self.o_proj(o.reshape(B, T, H * V)), {"S": S, "z": z}
-        q, cq = self.q_conv1d(q, st.get("conv_q"))
-        k, ck = self.k_conv1d(k, st.get("conv_k"))
-        v, cv = self.v_conv1d(v, st.get("conv_v"))
+        q, cq = self.q_conv1d(q, st.get("conv_q"), lengths)
+        k, ck = self.k_conv1d(k, st.get("conv_k"), lengths)
+        v, cv = self.v_conv1d(v, st.get("conv_v"), lengths)
         q, k, v = l2norm(q.view(B, T, H, K)), l2norm(k.view(B, T, H, K)), v.view(B, T, H, V)
         beta = torch.sigmoid(self.b_proj(x).float())
         if self.kind == "deltanet":
+            if lengths is not None:
+                _, beta = pad_free(None, beta, seq.valid(T))
             o, S = ops.delta_rule(q, k, v, beta, S0, K**-0.5)
             o = self.o_norm(o)
         else:
             a = self.a_proj(x).float() + self.dt_bias.float()
             g = -self.A_log.float().exp() * F.softplus(a)
+            if lengths is not None:
+                g, beta = pad_free(g, beta, seq.valid(T))
             o, S = ops.gated_delta_rule(q, k, v, g, beta, S0, K**-0.5)
             o = (self.o_norm(o).float() * torch.sigmoid(self.g_proj(x).view(B, T, H, V).float()))
             o = o.to(x.dtype)
@@ -100,12 +108,13 @@ class LinearLM(CausalLM):
         self.model.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
 
-    def step(self, input_ids: torch.Tensor, state: State | None) -> tuple[torch.Tensor, State]:
+    def step(self, input_ids: torch.Tensor, state: State | None,
+             seq: Seq | None = None) -> tuple[torch.Tensor, State]:
         x = self.model.embeddings(input_ids)
         new_state: State = {}
         for i, layer in enumerate(self.model.layers):
-            a, st = layer.attn(layer.attn_norm(x), sub_state(state, f"layers.{i}."))
+            a, st = layer.attn(layer.attn_norm(x), sub_state(state, f"layers.{i}."), seq)
             new_state.update(add_prefix(st, f"layers.{i}."))
             x = x + a
             x = x + layer.mlp(layer.mlp_norm(x))
-        return self.lm_head(self.model.norm(x)), new_state
+        return self.head(self.model.norm(x), seq), new_state

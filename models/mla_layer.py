@@ -5,7 +5,9 @@
     o        = mla_attention(q, cache ++ ckv, cache ++ krope, kv_b_proj.weight)
     o        = o * sigmoid(g_proj(x))   (k3);   y = o_proj(o)
 
-State: the latent cache `ckv` [B, P, kv_lora] and `krope` [B, P, rope], P tokens so far.
+State: the latent cache `ckv` [B, P, kv_lora] and `krope` [B, P, rope], P tokens so far; with
+fixed-capacity caches (models/serving.py) [B, N, ...] at capacity, row positions[b] written by
+cache_write and attended to with mla_attention_cached, which sees each sequence's own rows.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import torch.nn as nn
 
 from ..kernels import ops
 from .common import RMSNorm, State
+from .serving import Seq, into_cache, zero_padding
 
 
 class MLAMixer(nn.Module):
@@ -39,7 +42,7 @@ class MLAMixer(nn.Module):
         self.o_proj = nn.Linear(heads * v_head_dim, d, bias=False)
         self.scale = qk**-0.5
 
-    def forward(self, x: torch.Tensor, state: State | None) -> tuple[torch.Tensor, State]:
+    def forward(self, x: torch.Tensor, state: State | None, seq: Seq | None = None) -> tuple[torch.Tensor, State]:
         B, T, _ = x.shape
         H = self.H
         if hasattr(self, "q_proj"):
@@ -49,12 +52,21 @@ class MLAMixer(nn.Module):
         q = q.view(B, T, H, self.nope + self.rope)
         ckv, krope = self.kv_a_proj_with_mqa(x).split([self.kv_lora_rank, self.rope], dim=-1)
         ckv = self.kv_a_layernorm(ckv)
-        if state is not None:
-            ckv = torch.cat([state["ckv"], ckv], dim=1)
-            krope = torch.cat([state["krope"], krope], dim=1)
-        o = ops.mla_attention(q, ckv, krope, self.kv_b_proj.weight, self.vdim, self.scale)
+        w = self.kv_b_proj.weight
+        if state is not None and seq is not None and seq.positions is not None:  # fixed-capacity caches
+            ckv = ops.cache_write(state["ckv"], ckv, seq.positions)
+            krope = ops.cache_write(state["krope"], krope, seq.positions)
+            o = ops.mla_attention_cached(q, ckv, krope, w, seq.positions, self.vdim, self.scale)
+        else:
+            if state is not None:
+                ckv = torch.cat([state["ckv"], ckv], dim=1)
+                krope = torch.cat([state["krope"], krope], dim=1)
+            elif seq is not None and seq.lengths is not None:  # padding rows are cached as zeros
+                ckv, krope = zero_padding(ckv, seq), zero_padding(krope, seq)
+            o = ops.mla_attention(q, ckv, krope, w, self.vdim, self.scale)
+            if state is None and seq is not None and seq.fixed:
+                ckv, krope = into_cache(ckv, seq.max_context), into_cache(krope, seq.max_context)
         o = o.reshape(B, T, H * self.vdim)
         if hasattr(self, "g_proj"):
             o = o * torch.sigmoid(self.g_proj(x))
         return self.o_proj(o), {"ckv": ckv, "krope": krope}
-

@@ -8,7 +8,9 @@ key, the id or the bound:
 - input_ids: an integer tensor [B, T] (decode: [B, 1]), every id in [0, vocab_size);
 - decode state: exactly the entries the model's prefill returns, each with the batch size of
   input_ids, the model's dims, the cache length shared by every cache, and its dtype;
-- positions: a model with a position table (GPT-2) takes at most `n_positions` tokens.
+- positions: a model with a position table (GPT-2) takes at most `n_positions` tokens;
+- prefill's lengths (int [B], each in [1, T]), logits ("all" or "last") and max_context (T at
+  most); a fixed-capacity state's `positions` (int64 [B], each below the caches' capacity).
 
 What a state looks like is learned once per model from two one-sequence prefills of 1 and 2
 tokens (the axes that differ are the caches' length); nothing is declared a second time.
@@ -53,13 +55,48 @@ def _check_positions(model, past: int, T: int, what: str) -> None:
         raise InputError(f"{what}: {held} exceed the model's position table (n_positions = {limit})")
 
 
-def check_prefill(model, input_ids) -> None:
+def check_prefill(model, input_ids, lengths=None, logits: str = "all", max_context=None) -> torch.Tensor | None:
+    """Check a prefill's arguments; returns `lengths` as an int64 tensor (or None)."""
     if _tracing():
-        return
+        return lengths
     _check_ids(model, input_ids, "prefill")
-    if input_ids.shape[1] == 0:
+    B, T = input_ids.shape
+    if T == 0:
         raise InputError("prefill: input_ids holds no token (T = 0)")
-    _check_positions(model, 0, input_ids.shape[1], "prefill")
+    if logits not in ("all", "last"):
+        raise InputError(f"prefill: logits must be 'all' or 'last', got {logits!r}")
+    if max_context is not None:
+        if isinstance(max_context, bool) or not isinstance(max_context, int) or max_context < 1:
+            raise InputError(f"prefill: max_context must be a positive int (the cache capacity), got {max_context!r}")
+        if T > max_context:
+            raise InputError(f"prefill: {T} tokens exceed max_context = {max_context}")
+        _check_positions(model, 0, max_context, "prefill (max_context)")
+    _check_positions(model, 0, T, "prefill")
+    if lengths is None:
+        return None
+    lengths = check_lengths(lengths, B, T, "prefill")
+    if max_context is None and bool((lengths < T).any()) and any(grow for _, grow, _ in state_spec(model).values()):
+        raise InputError("prefill: prompts of different lengths need fixed-capacity caches (max_context=N): "
+                         "a growing cache holds one length for the whole batch")
+    return lengths
+
+
+def check_lengths(lengths, B: int, T: int, what: str) -> torch.Tensor:
+    """`lengths` as int64 [B] with every value in [1, T], or an InputError naming the misfit."""
+    if not isinstance(lengths, torch.Tensor):
+        try:
+            lengths = torch.as_tensor(lengths)
+        except (TypeError, ValueError, RuntimeError):
+            raise InputError(f"{what}: lengths must be {B} token counts, got {type(lengths).__name__}") from None
+    if lengths.dtype.is_floating_point or lengths.dtype.is_complex or lengths.dtype == torch.bool:
+        raise InputError(f"{what}: lengths must hold integers, got {lengths.dtype}")
+    if lengths.dim() != 1 or lengths.shape[0] != B:
+        raise InputError(f"{what}: lengths must be [B] = [{B}], got shape {list(lengths.shape)}")
+    bad = (lengths < 1) | (lengths > T)
+    if bool(bad.any()):
+        b = int(bad.nonzero()[0])
+        raise InputError(f"{what}: lengths[{b}] = {int(lengths[b])} is outside [1, {T}] (T = {T} tokens a row)")
+    return lengths.long()
 
 
 def state_spec(model) -> dict[str, tuple[tuple[int, ...], set[int], torch.dtype]]:
@@ -117,11 +154,34 @@ def check_state(model, state, B: int, what: str = "decode") -> int:
     return 0 if past is None else past[0]
 
 
+def check_positions(state, B: int, capacity: int, what: str = "decode") -> torch.Tensor:
+    """A fixed-capacity state's `positions`: int64 [B], each sequence with room for one more row."""
+    p = state["positions"]
+    if not isinstance(p, torch.Tensor) or p.dtype != torch.long or list(p.shape) != [B]:
+        got = f"{p.dtype} {list(p.shape)}" if isinstance(p, torch.Tensor) else type(p).__name__
+        raise InputError(f"{what}: state 'positions' must be int64 [{B}] (tokens each sequence holds), got {got}")
+    if p.numel() and not p.is_meta:
+        if bool((p < 0).any()):
+            b = int((p < 0).nonzero()[0])
+            raise InputError(f"{what}: positions[{b}] = {int(p[b])} is negative")
+        if capacity and bool((p >= capacity).any()):
+            b = int((p >= capacity).nonzero()[0])
+            raise InputError(f"{what}: sequence {b} holds {int(p[b])} tokens, all {capacity} rows of its caches: "
+                             f"no room for another (prefill or compile with a larger max_context)")
+    return p
+
+
 def check_decode(model, input_ids, state) -> None:
     if _tracing():
         return
     _check_ids(model, input_ids, "decode")
     if input_ids.shape[1] != 1:
         raise InputError(f"decode takes input_ids of shape [B, 1], got {list(input_ids.shape)}")
-    past = check_state(model, state, input_ids.shape[0])
+    B = input_ids.shape[0]
+    if isinstance(state, dict) and "positions" in state:  # fixed-capacity caches: `past` is their capacity
+        capacity = check_state(model, {k: v for k, v in state.items() if k != "positions"}, B)
+        p = check_positions(state, B, capacity)
+        _check_positions(model, int(p.max()) if p.numel() else 0, 1, "decode")
+        return
+    past = check_state(model, state, B)
     _check_positions(model, past, 1, "decode")

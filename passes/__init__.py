@@ -29,6 +29,7 @@ from . import (  # noqa: F401  (register the passes)
     fold_mxfp4,
     fuse_norms,
     fuse_situ,
+    last_token_logits,
 )
 from .builder import Builder
 from .cost import COST_AT, Cost, graph_cost

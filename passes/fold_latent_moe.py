@@ -18,6 +18,7 @@ which is exact in any dtype:
   mla-absorbed                 decode steps (T = 1): mla_attention(q, ckv, krope, W_kv_b) ->
                                mla_attention_absorbed(q, ckv, krope, W_UK, W_UV): W_UK folds into
                                the query, W_UV applies after attention; cheaper when T << cache
+                               (mla_attention_cached -> mla_attention_absorbed_cached alike)
 """
 
 from __future__ import annotations
@@ -96,7 +97,9 @@ def _scale_fits(m: Match) -> bool:
 
 
 def _absorb(m: Match, b: Builder) -> str:
-    q, ckv, krope, wkv = m.root.inputs
+    """mla_attention -> mla_attention_absorbed; over a fixed-capacity cache (models/serving.py)
+    mla_attention_cached -> mla_attention_absorbed_cached, its `positions` passed on."""
+    q, ckv, krope, wkv, *positions = m.root.inputs
     H, Dq = b.type(q).shape[2], b.type(q).shape[3]
     Dc, Dr, Dv = b.type(ckv).shape[2], b.type(krope).shape[2], m.root.attrs["v_head_dim"]
     Dn = Dq - Dr
@@ -104,8 +107,8 @@ def _absorb(m: Match, b: Builder) -> str:
     base = wkv.removesuffix(".weight")
     w_uk = b.weight(base + ".w_uk", w[:, :Dn].contiguous())
     w_uv = b.weight(base + ".w_uv", w[:, Dn:].contiguous())
-    return b.op("mla_attention_absorbed", [q, ckv, krope, w_uk, w_uv], name=m.root.outputs[0],
-                scale=m.root.attrs["scale"])
+    op = "mla_attention_absorbed_cached" if positions else "mla_attention_absorbed"
+    return b.op(op, [q, ckv, krope, w_uk, w_uv, *positions], name=m.root.outputs[0], scale=m.root.attrs["scale"])
 
 
 def _decode_step(m: Match) -> bool:
@@ -136,6 +139,8 @@ RULES = [
          Op("moe_experts", *[Any() for _ in range(4)], Op("mul", Any("w"), Const("c"))),
          _cheaper(_routing_scale), where=_scale_fits),
     Rule("mla-absorbed", Op("mla_attention", Any(), Any(), Any(), Weight()), _cheaper(_absorb), where=_decode_step),
+    Rule("mla-absorbed", Op("mla_attention_cached", Any(), Any(), Any(), Weight(), Any()), _cheaper(_absorb),
+         where=_decode_step),
 ]
 
 

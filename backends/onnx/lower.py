@@ -186,7 +186,10 @@ def lower_graph(graph: Graph, flavour: str = "portable",
     with numbering():
         lx = Lowering(graph, flavour)
         body = lx.run()
-    opsets = [oh.make_opsetid("", OPSET)]
+    from .cache import OPSET_OF
+
+    used = [n.op_type for n in _walk(body.node)] + [n.op_type for f in lx.functions.values() for n in _walk(f.node)]
+    opsets = [oh.make_opsetid("", max([OPSET] + [OPSET_OF.get(op, 0) for op in used]))]
     if lx.functions or DOMAIN in lx.b.domains:
         opsets.append(oh.make_opsetid(DOMAIN, 1))
     if MS_DOMAIN in lx.b.domains:

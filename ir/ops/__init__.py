@@ -1,6 +1,19 @@
 """The op table of the k3c IR: every op declared once (see spec.py), grouped by file."""
 
-from . import attention, chunked, collectives, elementwise, fused, fused_norms, moe, nn, quant, recurrent, shape  # noqa: F401
+from . import (  # noqa: F401
+    attention,
+    cache,
+    chunked,
+    collectives,
+    elementwise,
+    fused,
+    fused_norms,
+    moe,
+    nn,
+    quant,
+    recurrent,
+    shape,
+)
 from .elementwise import broadcast_shapes
 from .spec import FAMILIES, OPS, REQUIRED, Attr, OpSpec, ShapeError, attr, defop, expect, family
 from .torch_ops import torch_op, torch_ops

@@ -1,0 +1,78 @@
+"""TVM lowerings of the fixed-capacity cache ops (ir/ops/cache.py): TensorIR kernels of
+k3c.kernels.cache.tvm.
+
+- `cache_write` runs in place (`call_tir_inplace`): the new rows go into the buffer the
+  caller passed, and the op's output aliases it, so a decode step moves one row a
+  sequence, not the cache. Taken only where the old cache has no other reader.
+- `mla_attention_absorbed_cached` (what fold-latent-moe makes of a decode step over a fixed
+  cache) attends in the latent space reading each valid row once, split over key ranges.
+`causal_attention_cached` and the expanded `mla_attention_cached` run their decompositions.
+"""
+
+from __future__ import annotations
+
+from tvm import relax
+
+from ...kernels.cache import tvm as K
+from ..tables import builtin
+from .context import LowerContext
+from .dims import static_int
+from .kernel_ops import kernel_supports
+
+R = relax.op
+
+
+def _write_supports(node, graph) -> tuple[bool, str]:
+    ok, why = kernel_supports(node, graph)
+    if not ok:
+        return ok, why
+    readers = [n for n in graph.nodes if node.inputs[0] in n.inputs]
+    if len(readers) != 1 or node.inputs[0] in graph.output_values:
+        return False, f"the in-place write needs %{node.inputs[0]} read by this cache_write alone"
+    if not isinstance(graph.types[node.inputs[0]].shape[1], int):
+        return False, "the in-place write needs a static capacity N"
+    return True, ""
+
+
+def _cache_write(ctx: LowerContext, node, cache, new, positions):
+    shape = ctx.type_of(node.inputs[0]).shape
+    N = static_int(shape[1], "cache capacity")
+    C = 1
+    for i, d in enumerate(shape[2:]):
+        C *= static_int(d, f"dim {i + 2} of %{node.inputs[0]}")
+    B = ctx.shape(node.inputs[0])[0]
+    L = ctx.shape(node.inputs[1])[1]
+    gv = ctx.kernel(("cache_write", C, N), lambda: K.cache_write(C, N), K.WRITE_SCHEDULES)
+    c3 = ctx.bb.emit(R.reshape(cache, relax.ShapeExpr([B, N, C])))
+    n3 = ctx.bb.emit(R.reshape(new, relax.ShapeExpr([B, L, C])))
+    out = ctx.bb.emit(relax.call_tir_inplace(gv, [c3, n3, positions], [0], relax.TensorType([B, N, C], "float32")))
+    return R.reshape(out, relax.ShapeExpr(ctx.shape(node.outputs[0])))
+
+
+def _absorbed_cached(ctx: LowerContext, node, q, ckv, krope, w_uk, w_uv, positions):
+    qt, ct, rt = (ctx.type_of(v) for v in node.inputs[:3])
+    H, Dq = static_int(qt.shape[2], "MLA heads"), static_int(qt.shape[3], "MLA query width")
+    N, Dc = static_int(ct.shape[1], "cache capacity"), static_int(ct.shape[2], "latent width")
+    Dr = static_int(rt.shape[2], "rope width")
+    Dv = static_int(ctx.type_of(node.inputs[4]).shape[1], "value width")
+    Dn, scale = Dq - Dr, ctx.attrs(node)["scale"]
+    B, L = ctx.shape(node.inputs[0])[:2]
+    rows = B * L
+    q_nope, q_rope = (relax.TupleGetItem(ctx.bb.emit(R.split(q, [Dn], axis=3)), i) for i in range(2))
+    q_heads = R.permute_dims(R.reshape(q_nope, relax.ShapeExpr([rows, H, Dn])), [1, 0, 2])  # [H, BL, Dn]
+    q_lat = R.permute_dims(R.matmul(q_heads, w_uk), [1, 0, 2])  # [BL, H, Dc]
+    q_abs = ctx.bb.emit(R.concat([R.reshape(q_lat, relax.ShapeExpr([B, L, H, Dc])), q_rope], axis=3))
+    split = ctx.kernel(("latent_split", H, Dc, Dr, N, scale), lambda: K.latent_split(H, Dc, Dr, N, scale, ctx.target),
+                       K.SPLIT_SCHEDULES)
+    merge = ctx.kernel(("latent_merge", H, Dc), lambda: K.latent_merge(H, Dc, ctx.target), K.MERGE_SCHEDULES)
+    S = K.SPLITS
+    parts = [relax.TensorType([B, L, S, H, Dc], "float32"), relax.TensorType([B, L, S, H, 2], "float32")]
+    acc, st = ctx.call_tir(split, [q_abs, ckv, krope, positions], parts)
+    (o_lat,) = ctx.call_tir(merge, [acc, st], [relax.TensorType([B, L, H, Dc], "float32")])
+    o_heads = R.permute_dims(R.reshape(o_lat, relax.ShapeExpr([rows, H, Dc])), [1, 0, 2])  # [H, BL, Dc]
+    o = R.matmul(o_heads, R.permute_dims(w_uv, [0, 2, 1]))  # [H, BL, Dv]
+    return R.reshape(R.permute_dims(o, [1, 0, 2]), relax.ShapeExpr([B, L, H, Dv]))
+
+
+builtin("tvm", "cache_write", kind="TIR", supports=_write_supports)(_cache_write)
+builtin("tvm", "mla_attention_absorbed_cached", kind="TIR", supports=kernel_supports)(_absorbed_cached)

@@ -1,0 +1,135 @@
+"""Greedy generation through a compiled artifact (or the eager model): `k3c generate`.
+
+    tokens, stats = generate(run, [[1, 2, 3], [4, 5]], max_new_tokens=32)
+
+The prompts of a batch may differ in length: they are right-padded and prefilled together
+with their `lengths` into fixed-capacity caches, only each sequence's last logits are
+computed (`logits="last"`), and every decode step writes one row a sequence at its own
+position. A progress line (tokens so far, tokens per second) goes to `progress`.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from .errors import InputError, UsageError
+
+
+def read_prompts(prompt_ids: str | None, prompt_file: str | None, batch_file: str | None) -> list[list[int]]:
+    """The prompts the CLI was given: one from --prompt-ids or --prompt-file, or one a line of --batch-file."""
+    given = [x for x in (prompt_ids, prompt_file, batch_file) if x is not None]
+    if len(given) != 1:
+        raise UsageError("give exactly one of --prompt-ids, --prompt-file and --batch-file")
+
+    def ids_of(text: str, where: str) -> list[int]:
+        try:
+            ids = [int(t) for t in text.replace(",", " ").split()]
+        except ValueError:
+            raise UsageError(f"{where}: token ids must be integers separated by spaces") from None
+        if not ids:
+            raise UsageError(f"{where}: no token ids")
+        return ids
+
+    def text_of(path: str) -> str:
+        try:
+            return Path(path).read_text()
+        except OSError as err:
+            raise UsageError(f"{path}: cannot read ({err.strerror})") from None
+
+    if prompt_ids is not None:
+        return [ids_of(prompt_ids, "--prompt-ids")]
+    if prompt_file is not None:
+        return [ids_of(text_of(prompt_file), prompt_file)]
+    lines = [ln for ln in text_of(batch_file).splitlines() if ln.strip()]
+    if not lines:
+        raise UsageError(f"{batch_file}: no prompts (one a line)")
+    return [ids_of(ln, f"{batch_file} line {i + 1}") for i, ln in enumerate(lines)]
+
+
+def pad(prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded ids [B, max length] (padding id 0) and lengths [B]."""
+    T = max(len(p) for p in prompts)
+    ids = torch.zeros(len(prompts), T, dtype=torch.long)
+    for b, p in enumerate(prompts):
+        ids[b, :len(p)] = torch.tensor(p)
+    return ids, torch.tensor([len(p) for p in prompts])
+
+
+class EagerRunner:
+    """The eager model called as an artifact: fixed caches of `max_context` rows."""
+
+    def __init__(self, model, max_context: int):
+        self.model, self.max_context = model, max_context
+
+    def prefill(self, ids, lengths=None, logits="all"):
+        return self.model.prefill(ids, lengths=lengths, logits=logits, max_context=self.max_context)
+
+    def decode(self, ids, state):
+        return self.model.decode(ids, state)
+
+
+def generate(run, prompts: list[list[int]], max_new_tokens: int, progress=None) -> tuple[list[list[int]], dict]:
+    """Greedy continuation of each prompt by `max_new_tokens` tokens through `run` (a
+    CompiledModel with fixed caches, or EagerRunner). Returns the new tokens per prompt and
+    {"prefill_s", "decode_s", "tokens", "tokens_per_s"} (decode tokens over decode time)."""
+    if max_new_tokens < 1:
+        raise InputError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+    capacity = getattr(run, "max_context", None)
+    longest = max(len(p) for p in prompts)
+    if capacity is not None and longest + max_new_tokens - 1 > capacity:
+        raise InputError(f"a prompt of {longest} tokens and {max_new_tokens} new ones exceed the caches' "
+                         f"capacity max_context = {capacity}")
+    ids, lengths = pad(prompts)
+    out = []
+    with torch.no_grad():
+        t0 = time.perf_counter()
+        logits, state = run.prefill(ids, lengths=lengths, logits="last")
+        nxt = logits[:, -1].argmax(-1, keepdim=True)
+        prefill_s = time.perf_counter() - t0
+        out.append(nxt)
+        t0 = time.perf_counter()
+        for i in range(1, max_new_tokens):
+            logits, state = run.decode(nxt, state)
+            nxt = logits[:, -1].argmax(-1, keepdim=True)
+            out.append(nxt)
+            if progress is not None:
+                dt = time.perf_counter() - t0
+                progress.write(f"\rgenerated {i + 1}/{max_new_tokens} tokens a sequence, "
+                               f"{i * len(prompts) / dt:.1f} tokens/s")
+                progress.flush()
+        decode_s = time.perf_counter() - t0
+    if progress is not None and max_new_tokens > 1:
+        progress.write("\n")
+    new = torch.cat(out, dim=1).tolist()
+    steps = (max_new_tokens - 1) * len(prompts)
+    return new, {"prefill_s": prefill_s, "decode_s": decode_s, "tokens": max_new_tokens * len(prompts),
+                 "tokens_per_s": steps / decode_s if decode_s > 0 else float("nan")}
+
+
+def run_cli(args) -> int:
+    """`k3c generate`: build the model, compile it with fixed caches (or run eager), generate."""
+    from . import compile as k3c_compile
+    from . import models
+
+    prompts = read_prompts(args.prompt_ids, args.prompt_file, args.batch_file)
+    model = models.build(args.model).eval()
+    capacity = args.max_context or max(len(p) for p in prompts) + args.max_new_tokens
+    if args.backend == "eager":
+        run = EagerRunner(model, capacity)
+    else:
+        ids, _ = pad(prompts)
+        t0 = time.perf_counter()
+        run = k3c_compile(model, args.backend, (ids[:, :min(ids.shape[1], 16)].clamp(0, None),),
+                          out_dir=args.out, max_context=capacity, force=args.force)
+        print(f"compiled {args.model} for {args.backend} (max_context {capacity}) in "
+              f"{time.perf_counter() - t0:.1f}s: {run.out_dir}", file=sys.stderr)
+    new, stats = generate(run, prompts, args.max_new_tokens, progress=sys.stderr)
+    for row in new:
+        print(" ".join(map(str, row)))
+    print(f"{stats['tokens']} tokens ({len(prompts)} sequences), prefill {stats['prefill_s'] * 1e3:.1f} ms, "
+          f"decode {stats['tokens_per_s']:.1f} tokens/s", file=sys.stderr)
+    return 0

@@ -1,0 +1,91 @@
+"""The serving forms of a compiled model: fixed-capacity caches, ragged prompts, last-token logits.
+
+`k3c.compile(..., max_context=N)` captures prefill as `(input_ids, lengths)` and decode over
+caches of N rows (models/serving.py); this module checks the compile options, records the
+capacity in the manifest (`"serving": {"cache": "fixed", "max_context": N}`) and turns a
+CompiledModel's `prefill(ids, lengths, logits)` call into the inputs of the entry that runs it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from .backends.artifact import MANIFEST, read
+from .errors import InputError, UsageError
+
+CACHES = ("fixed", "grow")
+
+
+def check_cache_mode(max_context: int | None, cache: str | None) -> int | None:
+    """The capacity the graphs are captured with (None: growing caches), or a UsageError."""
+    if cache is not None and cache not in CACHES:
+        raise UsageError(f"cache must be one of {', '.join(CACHES)}, got {cache!r}")
+    if max_context is not None and (isinstance(max_context, bool) or not isinstance(max_context, int)
+                                    or max_context < 2):
+        raise UsageError(f"max_context must be an int of at least 2 (the cache capacity), got {max_context!r}")
+    if cache == "fixed" and max_context is None:
+        raise UsageError("cache='fixed' needs max_context=N (the capacity of every cache)")
+    return None if cache == "grow" else max_context
+
+
+def with_last_entry(graphs: dict) -> dict:
+    """`graphs` and, beside a prefill, `prefill_last`: the same graph through the
+    last-token-logits pass (logits [B, 1, vocab], the lm_head on one row a sequence)."""
+    if "prefill" not in graphs:
+        return graphs
+    from . import passes
+
+    return {**graphs, "prefill_last": passes.run(graphs["prefill"], ["last-token-logits"])}
+
+
+def record_serving(out_dir: Path, graphs: dict) -> None:
+    """Write the caches' form into the artifact's manifest (it is not among the sealed files)."""
+    manifest = read(out_dir)
+    if manifest is None:
+        return
+    n = next(iter(graphs.values())).meta.get("max_context")
+    manifest["serving"] = {"cache": "grow" if n is None else "fixed", "max_context": n,
+                           "entries": sorted(graphs)}
+    (Path(out_dir) / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+
+
+def last_logits(logits: torch.Tensor, lengths) -> torch.Tensor:
+    """[B, T, vocab] -> [B, 1, vocab]: each sequence's last real row (an artifact without a
+    prefill_last entry computes every row and returns this one)."""
+    B, T, V = logits.shape
+    if lengths is None:
+        return logits[:, T - 1:]
+    return torch.gather(logits, 1, (torch.as_tensor(lengths).long() - 1).view(B, 1, 1).expand(B, 1, V))
+
+
+def prefill_inputs(compiled, input_ids: torch.Tensor, lengths, logits: str) -> tuple[str, list[torch.Tensor]]:
+    """The entry and inputs of a prefill call of `compiled` (a CompiledModel): prefill_last for
+    last-token logits where the artifact has it (else prefill, whose logits `last_logits` cuts)."""
+    from .models.validate import check_lengths
+
+    if logits not in ("all", "last"):
+        raise InputError(f"prefill: logits must be 'all' or 'last', got {logits!r}")
+    B, T = input_ids.shape
+    entry = "prefill_last" if logits == "last" and "prefill_last" in compiled.graphs else "prefill"
+    takes_lengths = "lengths" in compiled.graphs[entry].inputs
+    if lengths is None:
+        return entry, [input_ids] + ([torch.full((B,), T, dtype=torch.long)] if takes_lengths else [])
+    lengths = check_lengths(lengths, B, T, "prefill")
+    if not takes_lengths:
+        if bool((lengths != T).any()):
+            raise InputError("prefill: prompts of different lengths need an artifact with fixed-capacity "
+                             "caches (compile with max_context=N)")
+        return entry, [input_ids]
+    return entry, [input_ids, lengths]
+
+
+def check_decode_positions(compiled, state: dict, B: int) -> None:
+    """A fixed-capacity state's positions: int64 [B], each with room for one more row."""
+    if "positions" not in state or compiled.max_context is None:
+        return
+    from .models.validate import check_positions
+
+    check_positions(state, B, compiled.max_context)

@@ -7,12 +7,14 @@ dict of tensors named `layers.{i}.{name}`; `prefill` starts from no state and re
 
 from __future__ import annotations
 
+import inspect
 import math
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..errors import InputError
 from ..kernels.situ.naive import silu_glu, situ
 from .serving import Seq, last_rows
 from .validate import check_decode, check_prefill
@@ -64,6 +66,8 @@ class CausalLM(nn.Module):
     Subclasses implement `step(input_ids, state, seq) -> (logits, new_state)`, where `state`
     is None for a fresh sequence and `seq` (models/serving.py) says which prompt tokens are
     real, where each sequence stands in a fixed-capacity cache, and whose logits are wanted.
+    A model of one's own may implement `step(input_ids, state)`: it has the plain forms
+    (prefill without lengths or max_context, decode with growing caches).
 
     prefill(ids, lengths=None, logits="all", max_context=None)
         lengths      int64 [B]: right-padded prompts, sequence b holds lengths[b] real tokens
@@ -89,6 +93,12 @@ class CausalLM(nn.Module):
                 max_context: int | None = None) -> tuple[torch.Tensor, State]:
         # an InputError names a bad id, length or capacity, or a length past the model's bound
         lengths = check_prefill(self, input_ids, lengths, logits, max_context)
+        if len(inspect.signature(self.step).parameters) < 3:  # a model of its own: step(input_ids, state)
+            if lengths is not None or max_context is not None:
+                raise InputError(f"{getattr(self, 'name', type(self).__name__)}: lengths= and max_context= need "
+                                 f"a step(input_ids, state, seq) (models/serving.py); this model's takes two")
+            out, state = self.step(input_ids, None)
+            return (out[:, -1:] if logits == "last" else out), state
         seq = Seq(lengths=lengths, max_context=max_context, last=logits == "last")
         out, state = self.step(input_ids, None, seq)
         if seq.fixed:
@@ -104,7 +114,7 @@ class CausalLM(nn.Module):
         new["positions"] = positions + 1
         return out, new
 
-    def head(self, x: torch.Tensor, seq: Seq | None) -> torch.Tensor:
+    def logits_of(self, x: torch.Tensor, seq: Seq | None) -> torch.Tensor:
         """The lm_head, on each sequence's last real row only when `seq` asks for it."""
         return self.lm_head(last_rows(x, seq) if seq is not None and seq.last else x)
 

@@ -89,4 +89,4 @@ class GPT2(CausalLM):
             new_state.update({f"layers.{i}.{n}": t for n, t in st.items()})
             x = x + a
             x = x + block.mlp(block.ln_2(x))
-        return self.head(self.transformer.ln_f(x), seq), new_state
+        return self.logits_of(self.transformer.ln_f(x), seq), new_state

@@ -102,4 +102,4 @@ class KimiModel(CausalLM):
                 x = attn_res(bank, partial, layer.mlp_res_norm, layer.mlp_res_proj)
                 partial = partial + layer.ffn(layer.post_attention_layernorm(x))
             h = attn_res(bank, partial, self.model.output_attn_res_norm, self.model.output_attn_res_proj)
-        return self.head(self.model.norm(h), seq), new_state
+        return self.logits_of(self.model.norm(h), seq), new_state

@@ -117,4 +117,4 @@ class LinearLM(CausalLM):
             new_state.update(add_prefix(st, f"layers.{i}."))
             x = x + a
             x = x + layer.mlp(layer.mlp_norm(x))
-        return self.head(self.model.norm(x), seq), new_state
+        return self.logits_of(self.model.norm(x), seq), new_state

@@ -78,6 +78,7 @@ CASES = {
                      lambda B, T: (randn(B * T, 2, K), randn(4, C, K),
                                    torch.randint(0, 4, (B * T, 2)), torch.rand(B * T, 2)),
                      lambda: ({0: Nd}, None, {0: Nd}, {0: Nd})),
+    "topk": Case(ops.topk, lambda x: ops.topk(x, 2, -1), lambda B, T: (randn(B, T, C),), lambda: (bt(3),)),
 }
 
 
@@ -107,9 +108,11 @@ def test_exports_as_one_node_with_dynamic_batch_and_time(name):
 
 
 # The MXFP4 expert ops have their export case beside their other tests (test_mxfp4_moe.py), the
-# collectives theirs in tests/distributed (a partitioned model captured with all_reduce in it).
+# collectives theirs in tests/distributed (a partitioned model captured with all_reduce in it),
+# the cache ops theirs in tests/serving (the models captured with fixed caches).
 ELSEWHERE = {"moe_gate_up_mxfp4", "moe_down_mxfp4",
-             "all_reduce", "all_gather", "reduce_scatter"}  # the collectives: tests/distributed
+             "all_reduce", "all_gather", "reduce_scatter",  # the collectives: tests/distributed
+             "cache_write", "causal_attention_cached", "mla_attention_cached"}  # serving forms: tests/serving
 
 
 def test_every_custom_op_has_an_export_case():

@@ -32,7 +32,7 @@ def expected_ops(cfg) -> Counter:
     n_kda = cfg.num_layers - n_mla
     n_moe = cfg.num_layers - cfg.first_k_dense
     ops = Counter({"kda": n_kda, "short_conv": 3 * n_kda, "mla_attention": n_mla,
-                   "moe_gate_up": n_moe, "moe_down": n_moe})
+                   "moe_gate_up": n_moe, "moe_down": n_moe, "topk": n_moe})  # topk: each router's choice
     if cfg.attn_res_block_size:
         ops["attn_res_mix"] = len(attn_res_candidates(cfg.num_layers, cfg.attn_res_block_size))
     return ops

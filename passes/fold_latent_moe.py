@@ -1,10 +1,8 @@
 """fold-latent-moe: fold what is linear around the latent experts, and MLA decode.
 
-Each fold is exact algebra (only rounding changes) and is kept only where the cost model
-(passes/cost.py) says it does not make FLOPs or bytes worse. A product folded into a weight is
-rounded once to the weight's dtype: only float32 weights take it (a BF16 product's rounding,
-2^-9, is no fp32-level change: on a MoE model it flips routing), or a power-of-two scale,
-which is exact in any dtype:
+Each fold is exact algebra, kept only where the cost model (passes/cost.py) says it makes
+neither FLOPs nor bytes worse; a product folded into a weight goes only into a float32 one (or
+is a power-of-two scale): BF16 rounding of it is no fp32-level change, and flips MoE routing:
 
   merge-sibling-linears        linears reading one input -> one GEMM + split (merge_siblings.py;
                                the shared-expert gate/up are fuse-situ's gated_mlp already)

@@ -21,6 +21,7 @@ from k3c.kernels.mla.triton import mla_attention, mla_attention_absorbed
 from k3c.kernels.moe.triton import moe_experts
 from k3c.kernels.short_conv.triton import short_conv
 from k3c.kernels.situ.triton import gated_mlp
+from k3c.kernels.topk import topk
 
 
 # ---- elementwise kernels generated for the fused groups of this model
@@ -119,361 +120,361 @@ def prefill(W, input_ids):
     B = input_ids.shape[0]
     T = input_ids.shape[1]
     embedding = F.embedding(input_ids, W['model.embed_tokens.weight'])
-    rms_norm_ = rms_norm(embedding, None, 1e-05)  # models/kda_layer.py:67
-    linear_merged = F.linear(rms_norm_, W['model.layers.0.self_attn.q_proj-k_proj-v_proj-f_a_proj-b_proj-g_proj.weight.normed'])  # models/kda_layer.py:67
-    linear_merged_0, linear_merged_1, linear_merged_2, linear_merged_3, linear_merged_4, linear_merged_5 = torch.split(linear_merged, [128, 128, 128, 32, 4, 128], dim=2)  # models/kda_layer.py:67
-    new_zeros = torch.full((B, 128, 3), 0.0, dtype=torch.float32, device=dev)  # models/kda_layer.py:32
-    short_conv_0, short_conv_1 = short_conv(linear_merged_0, W['model.layers.0.self_attn.q_conv1d.weight.reshape'], new_zeros, 'silu')  # models/kda_layer.py:33
-    short_conv_1_0, short_conv_1_1 = short_conv(linear_merged_1, W['model.layers.0.self_attn.k_conv1d.weight.reshape'], new_zeros, 'silu')  # models/kda_layer.py:33
-    short_conv_2_0, short_conv_2_1 = short_conv(linear_merged_2, W['model.layers.0.self_attn.v_conv1d.weight.reshape'], new_zeros, 'silu')  # models/kda_layer.py:33
-    view_3 = short_conv_0.reshape((B, T, 4, 32))  # models/kda_layer.py:70
-    mul = l2norm(view_3, 1e-06)  # models/kda_layer.py:70
-    view_4 = short_conv_1_0.reshape((B, T, 4, 32))  # models/kda_layer.py:70
-    mul_1 = l2norm(view_4, 1e-06)  # models/kda_layer.py:70
-    view_5 = short_conv_2_0.reshape((B, T, 4, 32))  # models/kda_layer.py:71
-    linear_4 = F.linear(linear_merged_3, W['model.layers.0.self_attn.f_b_proj.weight'])  # models/kda_layer.py:72
-    view_6 = linear_4.reshape((B, T, 4, 32))  # models/kda_layer.py:72
-    mul_3 = rt.broadcast(ew0, (B, T, 4, 32), torch.float32, view_6, W['model.layers.0.self_attn.dt_bias.reshape'], W['model.layers.0.self_attn.A_log.exp.reshape'])  # models/kda_layer.py:76
-    sigmoid_1 = rt.elementwise(ew1, (B, T, 4), torch.float32, linear_merged_4)  # models/kda_layer.py:77
-    new_zeros_3 = torch.full((B, 4, 32, 32), 0.0, dtype=torch.float32, device=dev)  # models/kda_layer.py:80
-    kda_q_decayed, kda_k_decayed, kda_w, kda_u, kda_aqk, kda_decay_last = chunk_prepare(mul, mul_1, view_5, sigmoid_1, mul_3, 64, 'channel')  # (a)  # models/kda_layer.py:81
-    kda_v_new, kda_start_states, kda_state_out = chunk_state_scan(kda_w, kda_u, kda_k_decayed, kda_decay_last, new_zeros_3)  # (b)  # models/kda_layer.py:81
-    kda_o = chunk_output(kda_q_decayed, kda_aqk, kda_v_new, kda_start_states, 0.1767766952966369, T)  # (c)  # models/kda_layer.py:81
-    view_9 = linear_merged_5.reshape((B, T, 4, 32))  # models/kda_layer.py:83
-    mul_4 = gated_rmsnorm(kda_o, W['model.layers.0.self_attn.o_norm.weight'], view_9, 1e-05)  # models/kda_layer.py:83
-    reshape = mul_4.reshape((B, T, 128))  # models/kda_layer.py:84
-    linear_7 = F.linear(reshape, W['model.layers.0.self_attn.o_proj.weight'])  # models/kda_layer.py:84
+    rms_norm_ = rms_norm(embedding, None, 1e-05)  # models/kda_layer.py:83
+    linear_merged = F.linear(rms_norm_, W['model.layers.0.self_attn.q_proj-k_proj-v_proj-f_a_proj-b_proj-g_proj.weight.normed'])  # models/kda_layer.py:83
+    linear_merged_0, linear_merged_1, linear_merged_2, linear_merged_3, linear_merged_4, linear_merged_5 = torch.split(linear_merged, [128, 128, 128, 32, 4, 128], dim=2)  # models/kda_layer.py:83
+    new_zeros = torch.full((B, 128, 3), 0.0, dtype=torch.float32, device=dev)  # models/kda_layer.py:36
+    short_conv_0, short_conv_1 = short_conv(linear_merged_0, W['model.layers.0.self_attn.q_conv1d.weight.reshape'], new_zeros, 'silu')  # models/kda_layer.py:37
+    short_conv_1_0, short_conv_1_1 = short_conv(linear_merged_1, W['model.layers.0.self_attn.k_conv1d.weight.reshape'], new_zeros, 'silu')  # models/kda_layer.py:37
+    short_conv_2_0, short_conv_2_1 = short_conv(linear_merged_2, W['model.layers.0.self_attn.v_conv1d.weight.reshape'], new_zeros, 'silu')  # models/kda_layer.py:37
+    view_3 = short_conv_0.reshape((B, T, 4, 32))  # models/kda_layer.py:86
+    mul = l2norm(view_3, 1e-06)  # models/kda_layer.py:86
+    view_4 = short_conv_1_0.reshape((B, T, 4, 32))  # models/kda_layer.py:86
+    mul_1 = l2norm(view_4, 1e-06)  # models/kda_layer.py:86
+    view_5 = short_conv_2_0.reshape((B, T, 4, 32))  # models/kda_layer.py:87
+    linear_4 = F.linear(linear_merged_3, W['model.layers.0.self_attn.f_b_proj.weight'])  # models/kda_layer.py:88
+    view_6 = linear_4.reshape((B, T, 4, 32))  # models/kda_layer.py:88
+    mul_3 = rt.broadcast(ew0, (B, T, 4, 32), torch.float32, view_6, W['model.layers.0.self_attn.dt_bias.reshape'], W['model.layers.0.self_attn.A_log.exp.reshape'])  # models/kda_layer.py:92
+    sigmoid_1 = rt.elementwise(ew1, (B, T, 4), torch.float32, linear_merged_4)  # models/kda_layer.py:93
+    new_zeros_3 = torch.full((B, 4, 32, 32), 0.0, dtype=torch.float32, device=dev)  # models/kda_layer.py:98
+    kda_q_decayed, kda_k_decayed, kda_w, kda_u, kda_aqk, kda_decay_last = chunk_prepare(mul, mul_1, view_5, sigmoid_1, mul_3, 64, 'channel')  # (a)  # models/kda_layer.py:99
+    kda_v_new, kda_start_states, kda_state_out = chunk_state_scan(kda_w, kda_u, kda_k_decayed, kda_decay_last, new_zeros_3)  # (b)  # models/kda_layer.py:99
+    kda_o = chunk_output(kda_q_decayed, kda_aqk, kda_v_new, kda_start_states, 0.1767766952966369, T)  # (c)  # models/kda_layer.py:99
+    view_9 = linear_merged_5.reshape((B, T, 4, 32))  # models/kda_layer.py:101
+    mul_4 = gated_rmsnorm(kda_o, W['model.layers.0.self_attn.o_norm.weight'], view_9, 1e-05)  # models/kda_layer.py:101
+    reshape = mul_4.reshape((B, T, 128))  # models/kda_layer.py:102
+    linear_7 = F.linear(reshape, W['model.layers.0.self_attn.o_proj.weight'])  # models/kda_layer.py:102
     stack = torch.stack([embedding, linear_7], dim=0)
     attn_res_mix_ = attn_res_mix(stack, W['model.layers.0.mlp_res_proj.weight.reshape'], W['model.layers.0.mlp_res_norm.weight'], 1e-05)
-    rms_norm_2 = rms_norm(attn_res_mix_, None, 1e-05)  # models/common.py:47
-    gated_mlp_8 = gated_mlp(rms_norm_2, W['model.layers.0.mlp.gate_up_proj.weight.normed'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:47
-    linear_10 = F.linear(gated_mlp_8, W['model.layers.0.mlp.down_proj.weight'])  # models/common.py:47
+    rms_norm_2 = rms_norm(attn_res_mix_, None, 1e-05)  # models/common.py:50
+    gated_mlp_8 = gated_mlp(rms_norm_2, W['model.layers.0.mlp.gate_up_proj.weight.normed'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:50
+    linear_10 = F.linear(gated_mlp_8, W['model.layers.0.mlp.down_proj.weight'])  # models/common.py:50
     add_3 = rt.elementwise(ew2, (B, T, 256), torch.float32, linear_7, linear_10)
     stack_1 = torch.stack([embedding, add_3], dim=0)
     attn_res_mix_1 = attn_res_mix(stack_1, W['model.layers.1.self_attention_res_proj.weight.reshape'], W['model.layers.1.self_attention_res_norm.weight'], 1e-05)
-    rms_norm_3 = rms_norm(attn_res_mix_1, None, 1e-05)  # models/kda_layer.py:67
-    linear_11_merged = F.linear(rms_norm_3, W['model.layers.1.self_attn.q_proj-k_proj-v_proj-f_a_proj-b_proj-g_proj.weight.normed'])  # models/kda_layer.py:67
-    linear_11_merged_0, linear_11_merged_1, linear_11_merged_2, linear_11_merged_3, linear_11_merged_4, linear_11_merged_5 = torch.split(linear_11_merged, [128, 128, 128, 32, 4, 128], dim=2)  # models/kda_layer.py:67
-    short_conv_3_0, short_conv_3_1 = short_conv(linear_11_merged_0, W['model.layers.1.self_attn.q_conv1d.weight.reshape'], new_zeros, 'silu')  # models/kda_layer.py:33
-    short_conv_4_0, short_conv_4_1 = short_conv(linear_11_merged_1, W['model.layers.1.self_attn.k_conv1d.weight.reshape'], new_zeros, 'silu')  # models/kda_layer.py:33
-    short_conv_5_0, short_conv_5_1 = short_conv(linear_11_merged_2, W['model.layers.1.self_attn.v_conv1d.weight.reshape'], new_zeros, 'silu')  # models/kda_layer.py:33
-    view_15 = short_conv_3_0.reshape((B, T, 4, 32))  # models/kda_layer.py:70
-    mul_9 = l2norm(view_15, 1e-06)  # models/kda_layer.py:70
-    view_16 = short_conv_4_0.reshape((B, T, 4, 32))  # models/kda_layer.py:70
-    mul_10 = l2norm(view_16, 1e-06)  # models/kda_layer.py:70
-    view_17 = short_conv_5_0.reshape((B, T, 4, 32))  # models/kda_layer.py:71
-    linear_15 = F.linear(linear_11_merged_3, W['model.layers.1.self_attn.f_b_proj.weight'])  # models/kda_layer.py:72
-    view_18 = linear_15.reshape((B, T, 4, 32))  # models/kda_layer.py:72
-    mul_12 = rt.broadcast(ew0, (B, T, 4, 32), torch.float32, view_18, W['model.layers.1.self_attn.dt_bias.reshape'], W['model.layers.1.self_attn.A_log.exp.reshape'])  # models/kda_layer.py:76
-    sigmoid_5 = rt.elementwise(ew1, (B, T, 4), torch.float32, linear_11_merged_4)  # models/kda_layer.py:77
-    kda_1_q_decayed, kda_1_k_decayed, kda_1_w, kda_1_u, kda_1_aqk, kda_1_decay_last = chunk_prepare(mul_9, mul_10, view_17, sigmoid_5, mul_12, 64, 'channel')  # (a)  # models/kda_layer.py:81
-    kda_1_v_new, kda_1_start_states, kda_1_state_out = chunk_state_scan(kda_1_w, kda_1_u, kda_1_k_decayed, kda_1_decay_last, new_zeros_3)  # (b)  # models/kda_layer.py:81
-    kda_1_o = chunk_output(kda_1_q_decayed, kda_1_aqk, kda_1_v_new, kda_1_start_states, 0.1767766952966369, T)  # (c)  # models/kda_layer.py:81
-    view_21 = linear_11_merged_5.reshape((B, T, 4, 32))  # models/kda_layer.py:83
-    mul_13 = gated_rmsnorm(kda_1_o, W['model.layers.1.self_attn.o_norm.weight'], view_21, 1e-05)  # models/kda_layer.py:83
-    reshape_1 = mul_13.reshape((B, T, 128))  # models/kda_layer.py:84
-    linear_18 = F.linear(reshape_1, W['model.layers.1.self_attn.o_proj.weight'])  # models/kda_layer.py:84
+    rms_norm_3 = rms_norm(attn_res_mix_1, None, 1e-05)  # models/kda_layer.py:83
+    linear_11_merged = F.linear(rms_norm_3, W['model.layers.1.self_attn.q_proj-k_proj-v_proj-f_a_proj-b_proj-g_proj.weight.normed'])  # models/kda_layer.py:83
+    linear_11_merged_0, linear_11_merged_1, linear_11_merged_2, linear_11_merged_3, linear_11_merged_4, linear_11_merged_5 = torch.split(linear_11_merged, [128, 128, 128, 32, 4, 128], dim=2)  # models/kda_layer.py:83
+    short_conv_3_0, short_conv_3_1 = short_conv(linear_11_merged_0, W['model.layers.1.self_attn.q_conv1d.weight.reshape'], new_zeros, 'silu')  # models/kda_layer.py:37
+    short_conv_4_0, short_conv_4_1 = short_conv(linear_11_merged_1, W['model.layers.1.self_attn.k_conv1d.weight.reshape'], new_zeros, 'silu')  # models/kda_layer.py:37
+    short_conv_5_0, short_conv_5_1 = short_conv(linear_11_merged_2, W['model.layers.1.self_attn.v_conv1d.weight.reshape'], new_zeros, 'silu')  # models/kda_layer.py:37
+    view_15 = short_conv_3_0.reshape((B, T, 4, 32))  # models/kda_layer.py:86
+    mul_9 = l2norm(view_15, 1e-06)  # models/kda_layer.py:86
+    view_16 = short_conv_4_0.reshape((B, T, 4, 32))  # models/kda_layer.py:86
+    mul_10 = l2norm(view_16, 1e-06)  # models/kda_layer.py:86
+    view_17 = short_conv_5_0.reshape((B, T, 4, 32))  # models/kda_layer.py:87
+    linear_15 = F.linear(linear_11_merged_3, W['model.layers.1.self_attn.f_b_proj.weight'])  # models/kda_layer.py:88
+    view_18 = linear_15.reshape((B, T, 4, 32))  # models/kda_layer.py:88
+    mul_12 = rt.broadcast(ew0, (B, T, 4, 32), torch.float32, view_18, W['model.layers.1.self_attn.dt_bias.reshape'], W['model.layers.1.self_attn.A_log.exp.reshape'])  # models/kda_layer.py:92
+    sigmoid_5 = rt.elementwise(ew1, (B, T, 4), torch.float32, linear_11_merged_4)  # models/kda_layer.py:93
+    kda_1_q_decayed, kda_1_k_decayed, kda_1_w, kda_1_u, kda_1_aqk, kda_1_decay_last = chunk_prepare(mul_9, mul_10, view_17, sigmoid_5, mul_12, 64, 'channel')  # (a)  # models/kda_layer.py:99
+    kda_1_v_new, kda_1_start_states, kda_1_state_out = chunk_state_scan(kda_1_w, kda_1_u, kda_1_k_decayed, kda_1_decay_last, new_zeros_3)  # (b)  # models/kda_layer.py:99
+    kda_1_o = chunk_output(kda_1_q_decayed, kda_1_aqk, kda_1_v_new, kda_1_start_states, 0.1767766952966369, T)  # (c)  # models/kda_layer.py:99
+    view_21 = linear_11_merged_5.reshape((B, T, 4, 32))  # models/kda_layer.py:101
+    mul_13 = gated_rmsnorm(kda_1_o, W['model.layers.1.self_attn.o_norm.weight'], view_21, 1e-05)  # models/kda_layer.py:101
+    reshape_1 = mul_13.reshape((B, T, 128))  # models/kda_layer.py:102
+    linear_18 = F.linear(reshape_1, W['model.layers.1.self_attn.o_proj.weight'])  # models/kda_layer.py:102
     add_7 = rt.elementwise(ew2, (B, T, 256), torch.float32, add_3, linear_18)
     stack_2 = torch.stack([embedding, add_7], dim=0)
     attn_res_mix_2 = attn_res_mix(stack_2, W['model.layers.1.mlp_res_proj.weight.reshape'], W['model.layers.1.mlp_res_norm.weight'], 1e-05)
-    rms_norm_5 = rms_norm(attn_res_mix_2, W['model.layers.1.post_attention_layernorm.weight'], 1e-05)  # models/common.py:31
+    rms_norm_5 = rms_norm(attn_res_mix_2, W['model.layers.1.post_attention_layernorm.weight'], 1e-05)  # models/common.py:34
     reshape_2 = rms_norm_5.reshape((B*T, 256))  # models/moe_layer.py:95
     linear_19_merged = F.linear(reshape_2, W['model.layers.1.block_sparse_moe.gate-routed_expert_down_proj.weight'])  # models/moe_layer.py:96
     linear_19_merged_0, linear_19_merged_1 = torch.split(linear_19_merged, [8, 128], dim=1)  # models/moe_layer.py:96
     sigmoid_7 = rt.elementwise(ew1, (B*T, 8), torch.float32, linear_19_merged_0)  # models/moe_layer.py:96
     add_8 = rt.broadcast(ew3, (B*T, 8), torch.float32, sigmoid_7, W['model.layers.1.block_sparse_moe.gate.e_score_correction_bias'])  # models/moe_layer.py:97
-    topk_0, topk_1 = torch.topk(add_8, 2, dim=1)  # models/moe_layer.py:97
+    topk_0, topk_1 = topk(add_8, 2, -1)  # models/moe_layer.py:97
     gather = torch.gather(sigmoid_7, 1, topk_1)  # models/moe_layer.py:98
     sum_5 = gather.sum(dim=(1,), keepdim=True)  # models/moe_layer.py:100
     div_2 = rt.broadcast(ew4, (B*T, 2), torch.float32, sum_5, gather)  # models/moe_layer.py:100
     moe_experts_7 = moe_experts(linear_19_merged_1, W['model.layers.1.block_sparse_moe.experts.w13'], W['model.layers.1.block_sparse_moe.experts.w2'], topk_1, div_2, 'situ', 4.0, 25.0)  # models/moe_layer.py:113
     rms_norm_6 = rms_norm(moe_experts_7, None, 1e-05)  # models/moe_layer.py:117
     linear_21 = F.linear(rms_norm_6, W['model.layers.1.block_sparse_moe.routed_expert_up_proj.weight.normed'])  # models/moe_layer.py:117
-    gated_mlp_7 = gated_mlp(reshape_2, W['model.layers.1.block_sparse_moe.shared_experts.gate_up_proj.weight'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:47
-    linear_24 = F.linear(gated_mlp_7, W['model.layers.1.block_sparse_moe.shared_experts.down_proj.weight'])  # models/common.py:47
+    gated_mlp_7 = gated_mlp(reshape_2, W['model.layers.1.block_sparse_moe.shared_experts.gate_up_proj.weight'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:50
+    linear_24 = F.linear(gated_mlp_7, W['model.layers.1.block_sparse_moe.shared_experts.down_proj.weight'])  # models/common.py:50
     add_10 = rt.elementwise(ew2, (B*T, 256), torch.float32, linear_21, linear_24)  # models/moe_layer.py:119
     view_23 = add_10.reshape((B, T, 256))  # models/moe_layer.py:120
     add_11 = rt.elementwise(ew2, (B, T, 256), torch.float32, add_7, view_23)
     stack_3 = torch.stack([embedding, add_11], dim=0)
     attn_res_mix_3 = attn_res_mix(stack_3, W['model.layers.2.self_attention_res_proj.weight.reshape'], W['model.layers.2.self_attention_res_norm.weight'], 1e-05)
-    rms_norm_7 = rms_norm(attn_res_mix_3, None, 1e-05)  # models/kda_layer.py:67
-    linear_25_merged = F.linear(rms_norm_7, W['model.layers.2.self_attn.q_proj-k_proj-v_proj-f_a_proj-b_proj-g_proj.weight.normed'])  # models/kda_layer.py:67
-    linear_25_merged_0, linear_25_merged_1, linear_25_merged_2, linear_25_merged_3, linear_25_merged_4, linear_25_merged_5 = torch.split(linear_25_merged, [128, 128, 128, 32, 4, 128], dim=2)  # models/kda_layer.py:67
-    short_conv_6_0, short_conv_6_1 = short_conv(linear_25_merged_0, W['model.layers.2.self_attn.q_conv1d.weight.reshape'], new_zeros, 'silu')  # models/kda_layer.py:33
-    short_conv_7_0, short_conv_7_1 = short_conv(linear_25_merged_1, W['model.layers.2.self_attn.k_conv1d.weight.reshape'], new_zeros, 'silu')  # models/kda_layer.py:33
-    short_conv_8_0, short_conv_8_1 = short_conv(linear_25_merged_2, W['model.layers.2.self_attn.v_conv1d.weight.reshape'], new_zeros, 'silu')  # models/kda_layer.py:33
-    view_28 = short_conv_6_0.reshape((B, T, 4, 32))  # models/kda_layer.py:70
-    mul_24 = l2norm(view_28, 1e-06)  # models/kda_layer.py:70
-    view_29 = short_conv_7_0.reshape((B, T, 4, 32))  # models/kda_layer.py:70
-    mul_25 = l2norm(view_29, 1e-06)  # models/kda_layer.py:70
-    view_30 = short_conv_8_0.reshape((B, T, 4, 32))  # models/kda_layer.py:71
-    linear_29 = F.linear(linear_25_merged_3, W['model.layers.2.self_attn.f_b_proj.weight'])  # models/kda_layer.py:72
-    view_31 = linear_29.reshape((B, T, 4, 32))  # models/kda_layer.py:72
-    mul_27 = rt.broadcast(ew0, (B, T, 4, 32), torch.float32, view_31, W['model.layers.2.self_attn.dt_bias.reshape'], W['model.layers.2.self_attn.A_log.exp.reshape'])  # models/kda_layer.py:76
-    sigmoid_11 = rt.elementwise(ew1, (B, T, 4), torch.float32, linear_25_merged_4)  # models/kda_layer.py:77
-    kda_2_q_decayed, kda_2_k_decayed, kda_2_w, kda_2_u, kda_2_aqk, kda_2_decay_last = chunk_prepare(mul_24, mul_25, view_30, sigmoid_11, mul_27, 64, 'channel')  # (a)  # models/kda_layer.py:81
-    kda_2_v_new, kda_2_start_states, kda_2_state_out = chunk_state_scan(kda_2_w, kda_2_u, kda_2_k_decayed, kda_2_decay_last, new_zeros_3)  # (b)  # models/kda_layer.py:81
-    kda_2_o = chunk_output(kda_2_q_decayed, kda_2_aqk, kda_2_v_new, kda_2_start_states, 0.1767766952966369, T)  # (c)  # models/kda_layer.py:81
-    view_34 = linear_25_merged_5.reshape((B, T, 4, 32))  # models/kda_layer.py:83
-    mul_28 = gated_rmsnorm(kda_2_o, W['model.layers.2.self_attn.o_norm.weight'], view_34, 1e-05)  # models/kda_layer.py:83
-    reshape_3 = mul_28.reshape((B, T, 128))  # models/kda_layer.py:84
-    linear_32 = F.linear(reshape_3, W['model.layers.2.self_attn.o_proj.weight'])  # models/kda_layer.py:84
+    rms_norm_7 = rms_norm(attn_res_mix_3, None, 1e-05)  # models/kda_layer.py:83
+    linear_25_merged = F.linear(rms_norm_7, W['model.layers.2.self_attn.q_proj-k_proj-v_proj-f_a_proj-b_proj-g_proj.weight.normed'])  # models/kda_layer.py:83
+    linear_25_merged_0, linear_25_merged_1, linear_25_merged_2, linear_25_merged_3, linear_25_merged_4, linear_25_merged_5 = torch.split(linear_25_merged, [128, 128, 128, 32, 4, 128], dim=2)  # models/kda_layer.py:83
+    short_conv_6_0, short_conv_6_1 = short_conv(linear_25_merged_0, W['model.layers.2.self_attn.q_conv1d.weight.reshape'], new_zeros, 'silu')  # models/kda_layer.py:37
+    short_conv_7_0, short_conv_7_1 = short_conv(linear_25_merged_1, W['model.layers.2.self_attn.k_conv1d.weight.reshape'], new_zeros, 'silu')  # models/kda_layer.py:37
+    short_conv_8_0, short_conv_8_1 = short_conv(linear_25_merged_2, W['model.layers.2.self_attn.v_conv1d.weight.reshape'], new_zeros, 'silu')  # models/kda_layer.py:37
+    view_28 = short_conv_6_0.reshape((B, T, 4, 32))  # models/kda_layer.py:86
+    mul_24 = l2norm(view_28, 1e-06)  # models/kda_layer.py:86
+    view_29 = short_conv_7_0.reshape((B, T, 4, 32))  # models/kda_layer.py:86
+    mul_25 = l2norm(view_29, 1e-06)  # models/kda_layer.py:86
+    view_30 = short_conv_8_0.reshape((B, T, 4, 32))  # models/kda_layer.py:87
+    linear_29 = F.linear(linear_25_merged_3, W['model.layers.2.self_attn.f_b_proj.weight'])  # models/kda_layer.py:88
+    view_31 = linear_29.reshape((B, T, 4, 32))  # models/kda_layer.py:88
+    mul_27 = rt.broadcast(ew0, (B, T, 4, 32), torch.float32, view_31, W['model.layers.2.self_attn.dt_bias.reshape'], W['model.layers.2.self_attn.A_log.exp.reshape'])  # models/kda_layer.py:92
+    sigmoid_11 = rt.elementwise(ew1, (B, T, 4), torch.float32, linear_25_merged_4)  # models/kda_layer.py:93
+    kda_2_q_decayed, kda_2_k_decayed, kda_2_w, kda_2_u, kda_2_aqk, kda_2_decay_last = chunk_prepare(mul_24, mul_25, view_30, sigmoid_11, mul_27, 64, 'channel')  # (a)  # models/kda_layer.py:99
+    kda_2_v_new, kda_2_start_states, kda_2_state_out = chunk_state_scan(kda_2_w, kda_2_u, kda_2_k_decayed, kda_2_decay_last, new_zeros_3)  # (b)  # models/kda_layer.py:99
+    kda_2_o = chunk_output(kda_2_q_decayed, kda_2_aqk, kda_2_v_new, kda_2_start_states, 0.1767766952966369, T)  # (c)  # models/kda_layer.py:99
+    view_34 = linear_25_merged_5.reshape((B, T, 4, 32))  # models/kda_layer.py:101
+    mul_28 = gated_rmsnorm(kda_2_o, W['model.layers.2.self_attn.o_norm.weight'], view_34, 1e-05)  # models/kda_layer.py:101
+    reshape_3 = mul_28.reshape((B, T, 128))  # models/kda_layer.py:102
+    linear_32 = F.linear(reshape_3, W['model.layers.2.self_attn.o_proj.weight'])  # models/kda_layer.py:102
     add_15 = rt.elementwise(ew2, (B, T, 256), torch.float32, add_11, linear_32)
     stack_4 = torch.stack([embedding, add_15], dim=0)
     attn_res_mix_4 = attn_res_mix(stack_4, W['model.layers.2.mlp_res_proj.weight.reshape'], W['model.layers.2.mlp_res_norm.weight'], 1e-05)
-    rms_norm_9 = rms_norm(attn_res_mix_4, W['model.layers.2.post_attention_layernorm.weight'], 1e-05)  # models/common.py:31
+    rms_norm_9 = rms_norm(attn_res_mix_4, W['model.layers.2.post_attention_layernorm.weight'], 1e-05)  # models/common.py:34
     reshape_4 = rms_norm_9.reshape((B*T, 256))  # models/moe_layer.py:95
     linear_33_merged = F.linear(reshape_4, W['model.layers.2.block_sparse_moe.gate-routed_expert_down_proj.weight'])  # models/moe_layer.py:96
     linear_33_merged_0, linear_33_merged_1 = torch.split(linear_33_merged, [8, 128], dim=1)  # models/moe_layer.py:96
     sigmoid_13 = rt.elementwise(ew1, (B*T, 8), torch.float32, linear_33_merged_0)  # models/moe_layer.py:96
     add_16 = rt.broadcast(ew3, (B*T, 8), torch.float32, sigmoid_13, W['model.layers.2.block_sparse_moe.gate.e_score_correction_bias'])  # models/moe_layer.py:97
-    topk_1_0, topk_1_1 = torch.topk(add_16, 2, dim=1)  # models/moe_layer.py:97
+    topk_1_0, topk_1_1 = topk(add_16, 2, -1)  # models/moe_layer.py:97
     gather_1 = torch.gather(sigmoid_13, 1, topk_1_1)  # models/moe_layer.py:98
     sum_8 = gather_1.sum(dim=(1,), keepdim=True)  # models/moe_layer.py:100
     div_7 = rt.broadcast(ew4, (B*T, 2), torch.float32, sum_8, gather_1)  # models/moe_layer.py:100
     moe_experts_6 = moe_experts(linear_33_merged_1, W['model.layers.2.block_sparse_moe.experts.w13'], W['model.layers.2.block_sparse_moe.experts.w2'], topk_1_1, div_7, 'situ', 4.0, 25.0)  # models/moe_layer.py:113
     rms_norm_10 = rms_norm(moe_experts_6, None, 1e-05)  # models/moe_layer.py:117
     linear_35 = F.linear(rms_norm_10, W['model.layers.2.block_sparse_moe.routed_expert_up_proj.weight.normed'])  # models/moe_layer.py:117
-    gated_mlp_6 = gated_mlp(reshape_4, W['model.layers.2.block_sparse_moe.shared_experts.gate_up_proj.weight'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:47
-    linear_38 = F.linear(gated_mlp_6, W['model.layers.2.block_sparse_moe.shared_experts.down_proj.weight'])  # models/common.py:47
+    gated_mlp_6 = gated_mlp(reshape_4, W['model.layers.2.block_sparse_moe.shared_experts.gate_up_proj.weight'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:50
+    linear_38 = F.linear(gated_mlp_6, W['model.layers.2.block_sparse_moe.shared_experts.down_proj.weight'])  # models/common.py:50
     add_18 = rt.elementwise(ew2, (B*T, 256), torch.float32, linear_35, linear_38)  # models/moe_layer.py:119
     view_36 = add_18.reshape((B, T, 256))  # models/moe_layer.py:120
     add_19 = rt.elementwise(ew2, (B, T, 256), torch.float32, add_15, view_36)
     stack_5 = torch.stack([embedding, add_19], dim=0)
     attn_res_mix_5 = attn_res_mix(stack_5, W['model.layers.3.self_attention_res_proj.weight.reshape'], W['model.layers.3.self_attention_res_norm.weight'], 1e-05)
-    rms_norm_11 = rms_norm(attn_res_mix_5, None, 1e-05)  # models/mla_layer.py:48
-    linear_39_merged = F.linear(rms_norm_11, W['model.layers.3.self_attn.q_a_proj-kv_a_proj_with_mqa-g_proj.weight.normed'])  # models/mla_layer.py:48
-    linear_39_merged_0, linear_39_merged_1, linear_39_merged_2 = torch.split(linear_39_merged, [64, 48, 128], dim=2)  # models/mla_layer.py:48
-    rms_norm_12 = rms_norm(linear_39_merged_0, None, 1e-06)  # models/mla_layer.py:48
-    linear_40 = F.linear(rms_norm_12, W['model.layers.3.self_attn.q_b_proj.weight.normed'])  # models/mla_layer.py:48
-    view_38 = linear_40.reshape((B, T, 4, 48))  # models/mla_layer.py:49
-    split_with_sizes_0, split_with_sizes_1 = torch.split(linear_39_merged_1, [32, 16], dim=2)  # models/mla_layer.py:50
-    rms_norm_13 = rms_norm(split_with_sizes_0, W['model.layers.3.self_attn.kv_a_layernorm.weight'], 1e-06)  # models/common.py:31
-    mla_attention_ = mla_attention(view_38, rms_norm_13, split_with_sizes_1, W['model.layers.3.self_attn.kv_b_proj.weight'], 32, 0.14433756729740643)  # models/mla_layer.py:55
-    reshape_5 = mla_attention_.reshape((B, T, 128))  # models/mla_layer.py:56
-    mul_39 = rt.elementwise(ew5, (B, T, 128), torch.float32, linear_39_merged_2, reshape_5)  # models/mla_layer.py:58
-    linear_43 = F.linear(mul_39, W['model.layers.3.self_attn.o_proj.weight'])  # models/mla_layer.py:59
+    rms_norm_11 = rms_norm(attn_res_mix_5, None, 1e-05)  # models/mla_layer.py:51
+    linear_39_merged = F.linear(rms_norm_11, W['model.layers.3.self_attn.q_a_proj-kv_a_proj_with_mqa-g_proj.weight.normed'])  # models/mla_layer.py:51
+    linear_39_merged_0, linear_39_merged_1, linear_39_merged_2 = torch.split(linear_39_merged, [64, 48, 128], dim=2)  # models/mla_layer.py:51
+    rms_norm_12 = rms_norm(linear_39_merged_0, None, 1e-06)  # models/mla_layer.py:51
+    linear_40 = F.linear(rms_norm_12, W['model.layers.3.self_attn.q_b_proj.weight.normed'])  # models/mla_layer.py:51
+    view_38 = linear_40.reshape((B, T, 4, 48))  # models/mla_layer.py:52
+    split_with_sizes_0, split_with_sizes_1 = torch.split(linear_39_merged_1, [32, 16], dim=2)  # models/mla_layer.py:53
+    rms_norm_13 = rms_norm(split_with_sizes_0, W['model.layers.3.self_attn.kv_a_layernorm.weight'], 1e-06)  # models/common.py:34
+    mla_attention_ = mla_attention(view_38, rms_norm_13, split_with_sizes_1, W['model.layers.3.self_attn.kv_b_proj.weight'], 32, 0.14433756729740643)  # models/mla_layer.py:66
+    reshape_5 = mla_attention_.reshape((B, T, 128))  # models/mla_layer.py:69
+    mul_39 = rt.elementwise(ew5, (B, T, 128), torch.float32, linear_39_merged_2, reshape_5)  # models/mla_layer.py:71
+    linear_43 = F.linear(mul_39, W['model.layers.3.self_attn.o_proj.weight'])  # models/mla_layer.py:72
     stack_6 = torch.stack([embedding, add_19, linear_43], dim=0)
     attn_res_mix_6 = attn_res_mix(stack_6, W['model.layers.3.mlp_res_proj.weight.reshape'], W['model.layers.3.mlp_res_norm.weight'], 1e-05)
-    rms_norm_14 = rms_norm(attn_res_mix_6, W['model.layers.3.post_attention_layernorm.weight'], 1e-05)  # models/common.py:31
+    rms_norm_14 = rms_norm(attn_res_mix_6, W['model.layers.3.post_attention_layernorm.weight'], 1e-05)  # models/common.py:34
     reshape_6 = rms_norm_14.reshape((B*T, 256))  # models/moe_layer.py:95
     linear_44_merged = F.linear(reshape_6, W['model.layers.3.block_sparse_moe.gate-routed_expert_down_proj.weight'])  # models/moe_layer.py:96
     linear_44_merged_0, linear_44_merged_1 = torch.split(linear_44_merged, [8, 128], dim=1)  # models/moe_layer.py:96
     sigmoid_17 = rt.elementwise(ew1, (B*T, 8), torch.float32, linear_44_merged_0)  # models/moe_layer.py:96
     add_20 = rt.broadcast(ew3, (B*T, 8), torch.float32, sigmoid_17, W['model.layers.3.block_sparse_moe.gate.e_score_correction_bias'])  # models/moe_layer.py:97
-    topk_2_0, topk_2_1 = torch.topk(add_20, 2, dim=1)  # models/moe_layer.py:97
+    topk_2_0, topk_2_1 = topk(add_20, 2, -1)  # models/moe_layer.py:97
     gather_2 = torch.gather(sigmoid_17, 1, topk_2_1)  # models/moe_layer.py:98
     sum_9 = gather_2.sum(dim=(1,), keepdim=True)  # models/moe_layer.py:100
     div_12 = rt.broadcast(ew4, (B*T, 2), torch.float32, sum_9, gather_2)  # models/moe_layer.py:100
     moe_experts_5 = moe_experts(linear_44_merged_1, W['model.layers.3.block_sparse_moe.experts.w13'], W['model.layers.3.block_sparse_moe.experts.w2'], topk_2_1, div_12, 'situ', 4.0, 25.0)  # models/moe_layer.py:113
     rms_norm_15 = rms_norm(moe_experts_5, None, 1e-05)  # models/moe_layer.py:117
     linear_46 = F.linear(rms_norm_15, W['model.layers.3.block_sparse_moe.routed_expert_up_proj.weight.normed'])  # models/moe_layer.py:117
-    gated_mlp_5 = gated_mlp(reshape_6, W['model.layers.3.block_sparse_moe.shared_experts.gate_up_proj.weight'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:47
-    linear_49 = F.linear(gated_mlp_5, W['model.layers.3.block_sparse_moe.shared_experts.down_proj.weight'])  # models/common.py:47
+    gated_mlp_5 = gated_mlp(reshape_6, W['model.layers.3.block_sparse_moe.shared_experts.gate_up_proj.weight'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:50
+    linear_49 = F.linear(gated_mlp_5, W['model.layers.3.block_sparse_moe.shared_experts.down_proj.weight'])  # models/common.py:50
     add_22 = rt.elementwise(ew2, (B*T, 256), torch.float32, linear_46, linear_49)  # models/moe_layer.py:119
     view_40 = add_22.reshape((B, T, 256))  # models/moe_layer.py:120
     add_23 = rt.elementwise(ew2, (B, T, 256), torch.float32, linear_43, view_40)
     stack_7 = torch.stack([embedding, add_19, add_23], dim=0)
     attn_res_mix_7 = attn_res_mix(stack_7, W['model.layers.4.self_attention_res_proj.weight.reshape'], W['model.layers.4.self_attention_res_norm.weight'], 1e-05)
-    rms_norm_16 = rms_norm(attn_res_mix_7, None, 1e-05)  # models/kda_layer.py:67
-    linear_50_merged = F.linear(rms_norm_16, W['model.layers.4.self_attn.q_proj-k_proj-v_proj-f_a_proj-b_proj-g_proj.weight.normed'])  # models/kda_layer.py:67
-    linear_50_merged_0, linear_50_merged_1, linear_50_merged_2, linear_50_merged_3, linear_50_merged_4, linear_50_merged_5 = torch.split(linear_50_merged, [128, 128, 128, 32, 4, 128], dim=2)  # models/kda_layer.py:67
-    short_conv_9_0, short_conv_9_1 = short_conv(linear_50_merged_0, W['model.layers.4.self_attn.q_conv1d.weight.reshape'], new_zeros, 'silu')  # models/kda_layer.py:33
-    short_conv_10_0, short_conv_10_1 = short_conv(linear_50_merged_1, W['model.layers.4.self_attn.k_conv1d.weight.reshape'], new_zeros, 'silu')  # models/kda_layer.py:33
-    short_conv_11_0, short_conv_11_1 = short_conv(linear_50_merged_2, W['model.layers.4.self_attn.v_conv1d.weight.reshape'], new_zeros, 'silu')  # models/kda_layer.py:33
-    view_45 = short_conv_9_0.reshape((B, T, 4, 32))  # models/kda_layer.py:70
-    mul_50 = l2norm(view_45, 1e-06)  # models/kda_layer.py:70
-    view_46 = short_conv_10_0.reshape((B, T, 4, 32))  # models/kda_layer.py:70
-    mul_51 = l2norm(view_46, 1e-06)  # models/kda_layer.py:70
-    view_47 = short_conv_11_0.reshape((B, T, 4, 32))  # models/kda_layer.py:71
-    linear_54 = F.linear(linear_50_merged_3, W['model.layers.4.self_attn.f_b_proj.weight'])  # models/kda_layer.py:72
-    view_48 = linear_54.reshape((B, T, 4, 32))  # models/kda_layer.py:72
-    mul_53 = rt.broadcast(ew0, (B, T, 4, 32), torch.float32, view_48, W['model.layers.4.self_attn.dt_bias.reshape'], W['model.layers.4.self_attn.A_log.exp.reshape'])  # models/kda_layer.py:76
-    sigmoid_21 = rt.elementwise(ew1, (B, T, 4), torch.float32, linear_50_merged_4)  # models/kda_layer.py:77
-    kda_3_q_decayed, kda_3_k_decayed, kda_3_w, kda_3_u, kda_3_aqk, kda_3_decay_last = chunk_prepare(mul_50, mul_51, view_47, sigmoid_21, mul_53, 64, 'channel')  # (a)  # models/kda_layer.py:81
-    kda_3_v_new, kda_3_start_states, kda_3_state_out = chunk_state_scan(kda_3_w, kda_3_u, kda_3_k_decayed, kda_3_decay_last, new_zeros_3)  # (b)  # models/kda_layer.py:81
-    kda_3_o = chunk_output(kda_3_q_decayed, kda_3_aqk, kda_3_v_new, kda_3_start_states, 0.1767766952966369, T)  # (c)  # models/kda_layer.py:81
-    view_51 = linear_50_merged_5.reshape((B, T, 4, 32))  # models/kda_layer.py:83
-    mul_54 = gated_rmsnorm(kda_3_o, W['model.layers.4.self_attn.o_norm.weight'], view_51, 1e-05)  # models/kda_layer.py:83
-    reshape_7 = mul_54.reshape((B, T, 128))  # models/kda_layer.py:84
-    linear_57 = F.linear(reshape_7, W['model.layers.4.self_attn.o_proj.weight'])  # models/kda_layer.py:84
+    rms_norm_16 = rms_norm(attn_res_mix_7, None, 1e-05)  # models/kda_layer.py:83
+    linear_50_merged = F.linear(rms_norm_16, W['model.layers.4.self_attn.q_proj-k_proj-v_proj-f_a_proj-b_proj-g_proj.weight.normed'])  # models/kda_layer.py:83
+    linear_50_merged_0, linear_50_merged_1, linear_50_merged_2, linear_50_merged_3, linear_50_merged_4, linear_50_merged_5 = torch.split(linear_50_merged, [128, 128, 128, 32, 4, 128], dim=2)  # models/kda_layer.py:83
+    short_conv_9_0, short_conv_9_1 = short_conv(linear_50_merged_0, W['model.layers.4.self_attn.q_conv1d.weight.reshape'], new_zeros, 'silu')  # models/kda_layer.py:37
+    short_conv_10_0, short_conv_10_1 = short_conv(linear_50_merged_1, W['model.layers.4.self_attn.k_conv1d.weight.reshape'], new_zeros, 'silu')  # models/kda_layer.py:37
+    short_conv_11_0, short_conv_11_1 = short_conv(linear_50_merged_2, W['model.layers.4.self_attn.v_conv1d.weight.reshape'], new_zeros, 'silu')  # models/kda_layer.py:37
+    view_45 = short_conv_9_0.reshape((B, T, 4, 32))  # models/kda_layer.py:86
+    mul_50 = l2norm(view_45, 1e-06)  # models/kda_layer.py:86
+    view_46 = short_conv_10_0.reshape((B, T, 4, 32))  # models/kda_layer.py:86
+    mul_51 = l2norm(view_46, 1e-06)  # models/kda_layer.py:86
+    view_47 = short_conv_11_0.reshape((B, T, 4, 32))  # models/kda_layer.py:87
+    linear_54 = F.linear(linear_50_merged_3, W['model.layers.4.self_attn.f_b_proj.weight'])  # models/kda_layer.py:88
+    view_48 = linear_54.reshape((B, T, 4, 32))  # models/kda_layer.py:88
+    mul_53 = rt.broadcast(ew0, (B, T, 4, 32), torch.float32, view_48, W['model.layers.4.self_attn.dt_bias.reshape'], W['model.layers.4.self_attn.A_log.exp.reshape'])  # models/kda_layer.py:92
+    sigmoid_21 = rt.elementwise(ew1, (B, T, 4), torch.float32, linear_50_merged_4)  # models/kda_layer.py:93
+    kda_3_q_decayed, kda_3_k_decayed, kda_3_w, kda_3_u, kda_3_aqk, kda_3_decay_last = chunk_prepare(mul_50, mul_51, view_47, sigmoid_21, mul_53, 64, 'channel')  # (a)  # models/kda_layer.py:99
+    kda_3_v_new, kda_3_start_states, kda_3_state_out = chunk_state_scan(kda_3_w, kda_3_u, kda_3_k_decayed, kda_3_decay_last, new_zeros_3)  # (b)  # models/kda_layer.py:99
+    kda_3_o = chunk_output(kda_3_q_decayed, kda_3_aqk, kda_3_v_new, kda_3_start_states, 0.1767766952966369, T)  # (c)  # models/kda_layer.py:99
+    view_51 = linear_50_merged_5.reshape((B, T, 4, 32))  # models/kda_layer.py:101
+    mul_54 = gated_rmsnorm(kda_3_o, W['model.layers.4.self_attn.o_norm.weight'], view_51, 1e-05)  # models/kda_layer.py:101
+    reshape_7 = mul_54.reshape((B, T, 128))  # models/kda_layer.py:102
+    linear_57 = F.linear(reshape_7, W['model.layers.4.self_attn.o_proj.weight'])  # models/kda_layer.py:102
     add_27 = rt.elementwise(ew2, (B, T, 256), torch.float32, add_23, linear_57)
     stack_8 = torch.stack([embedding, add_19, add_27], dim=0)
     attn_res_mix_8 = attn_res_mix(stack_8, W['model.layers.4.mlp_res_proj.weight.reshape'], W['model.layers.4.mlp_res_norm.weight'], 1e-05)
-    rms_norm_18 = rms_norm(attn_res_mix_8, W['model.layers.4.post_attention_layernorm.weight'], 1e-05)  # models/common.py:31
+    rms_norm_18 = rms_norm(attn_res_mix_8, W['model.layers.4.post_attention_layernorm.weight'], 1e-05)  # models/common.py:34
     reshape_8 = rms_norm_18.reshape((B*T, 256))  # models/moe_layer.py:95
     linear_58_merged = F.linear(reshape_8, W['model.layers.4.block_sparse_moe.gate-routed_expert_down_proj.weight'])  # models/moe_layer.py:96
     linear_58_merged_0, linear_58_merged_1 = torch.split(linear_58_merged, [8, 128], dim=1)  # models/moe_layer.py:96
     sigmoid_23 = rt.elementwise(ew1, (B*T, 8), torch.float32, linear_58_merged_0)  # models/moe_layer.py:96
     add_28 = rt.broadcast(ew3, (B*T, 8), torch.float32, sigmoid_23, W['model.layers.4.block_sparse_moe.gate.e_score_correction_bias'])  # models/moe_layer.py:97
-    topk_3_0, topk_3_1 = torch.topk(add_28, 2, dim=1)  # models/moe_layer.py:97
+    topk_3_0, topk_3_1 = topk(add_28, 2, -1)  # models/moe_layer.py:97
     gather_3 = torch.gather(sigmoid_23, 1, topk_3_1)  # models/moe_layer.py:98
     sum_12 = gather_3.sum(dim=(1,), keepdim=True)  # models/moe_layer.py:100
     div_17 = rt.broadcast(ew4, (B*T, 2), torch.float32, sum_12, gather_3)  # models/moe_layer.py:100
     moe_experts_4 = moe_experts(linear_58_merged_1, W['model.layers.4.block_sparse_moe.experts.w13'], W['model.layers.4.block_sparse_moe.experts.w2'], topk_3_1, div_17, 'situ', 4.0, 25.0)  # models/moe_layer.py:113
     rms_norm_19 = rms_norm(moe_experts_4, None, 1e-05)  # models/moe_layer.py:117
     linear_60 = F.linear(rms_norm_19, W['model.layers.4.block_sparse_moe.routed_expert_up_proj.weight.normed'])  # models/moe_layer.py:117
-    gated_mlp_4 = gated_mlp(reshape_8, W['model.layers.4.block_sparse_moe.shared_experts.gate_up_proj.weight'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:47
-    linear_63 = F.linear(gated_mlp_4, W['model.layers.4.block_sparse_moe.shared_experts.down_proj.weight'])  # models/common.py:47
+    gated_mlp_4 = gated_mlp(reshape_8, W['model.layers.4.block_sparse_moe.shared_experts.gate_up_proj.weight'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:50
+    linear_63 = F.linear(gated_mlp_4, W['model.layers.4.block_sparse_moe.shared_experts.down_proj.weight'])  # models/common.py:50
     add_30 = rt.elementwise(ew2, (B*T, 256), torch.float32, linear_60, linear_63)  # models/moe_layer.py:119
     view_53 = add_30.reshape((B, T, 256))  # models/moe_layer.py:120
     add_31 = rt.elementwise(ew2, (B, T, 256), torch.float32, add_27, view_53)
     stack_9 = torch.stack([embedding, add_19, add_31], dim=0)
     attn_res_mix_9 = attn_res_mix(stack_9, W['model.layers.5.self_attention_res_proj.weight.reshape'], W['model.layers.5.self_attention_res_norm.weight'], 1e-05)
-    rms_norm_20 = rms_norm(attn_res_mix_9, None, 1e-05)  # models/kda_layer.py:67
-    linear_64_merged = F.linear(rms_norm_20, W['model.layers.5.self_attn.q_proj-k_proj-v_proj-f_a_proj-b_proj-g_proj.weight.normed'])  # models/kda_layer.py:67
-    linear_64_merged_0, linear_64_merged_1, linear_64_merged_2, linear_64_merged_3, linear_64_merged_4, linear_64_merged_5 = torch.split(linear_64_merged, [128, 128, 128, 32, 4, 128], dim=2)  # models/kda_layer.py:67
-    short_conv_12_0, short_conv_12_1 = short_conv(linear_64_merged_0, W['model.layers.5.self_attn.q_conv1d.weight.reshape'], new_zeros, 'silu')  # models/kda_layer.py:33
-    short_conv_13_0, short_conv_13_1 = short_conv(linear_64_merged_1, W['model.layers.5.self_attn.k_conv1d.weight.reshape'], new_zeros, 'silu')  # models/kda_layer.py:33
-    short_conv_14_0, short_conv_14_1 = short_conv(linear_64_merged_2, W['model.layers.5.self_attn.v_conv1d.weight.reshape'], new_zeros, 'silu')  # models/kda_layer.py:33
-    view_58 = short_conv_12_0.reshape((B, T, 4, 32))  # models/kda_layer.py:70
-    mul_65 = l2norm(view_58, 1e-06)  # models/kda_layer.py:70
-    view_59 = short_conv_13_0.reshape((B, T, 4, 32))  # models/kda_layer.py:70
-    mul_66 = l2norm(view_59, 1e-06)  # models/kda_layer.py:70
-    view_60 = short_conv_14_0.reshape((B, T, 4, 32))  # models/kda_layer.py:71
-    linear_68 = F.linear(linear_64_merged_3, W['model.layers.5.self_attn.f_b_proj.weight'])  # models/kda_layer.py:72
-    view_61 = linear_68.reshape((B, T, 4, 32))  # models/kda_layer.py:72
-    mul_68 = rt.broadcast(ew0, (B, T, 4, 32), torch.float32, view_61, W['model.layers.5.self_attn.dt_bias.reshape'], W['model.layers.5.self_attn.A_log.exp.reshape'])  # models/kda_layer.py:76
-    sigmoid_27 = rt.elementwise(ew1, (B, T, 4), torch.float32, linear_64_merged_4)  # models/kda_layer.py:77
-    kda_4_q_decayed, kda_4_k_decayed, kda_4_w, kda_4_u, kda_4_aqk, kda_4_decay_last = chunk_prepare(mul_65, mul_66, view_60, sigmoid_27, mul_68, 64, 'channel')  # (a)  # models/kda_layer.py:81
-    kda_4_v_new, kda_4_start_states, kda_4_state_out = chunk_state_scan(kda_4_w, kda_4_u, kda_4_k_decayed, kda_4_decay_last, new_zeros_3)  # (b)  # models/kda_layer.py:81
-    kda_4_o = chunk_output(kda_4_q_decayed, kda_4_aqk, kda_4_v_new, kda_4_start_states, 0.1767766952966369, T)  # (c)  # models/kda_layer.py:81
-    view_64 = linear_64_merged_5.reshape((B, T, 4, 32))  # models/kda_layer.py:83
-    mul_69 = gated_rmsnorm(kda_4_o, W['model.layers.5.self_attn.o_norm.weight'], view_64, 1e-05)  # models/kda_layer.py:83
-    reshape_9 = mul_69.reshape((B, T, 128))  # models/kda_layer.py:84
-    linear_71 = F.linear(reshape_9, W['model.layers.5.self_attn.o_proj.weight'])  # models/kda_layer.py:84
+    rms_norm_20 = rms_norm(attn_res_mix_9, None, 1e-05)  # models/kda_layer.py:83
+    linear_64_merged = F.linear(rms_norm_20, W['model.layers.5.self_attn.q_proj-k_proj-v_proj-f_a_proj-b_proj-g_proj.weight.normed'])  # models/kda_layer.py:83
+    linear_64_merged_0, linear_64_merged_1, linear_64_merged_2, linear_64_merged_3, linear_64_merged_4, linear_64_merged_5 = torch.split(linear_64_merged, [128, 128, 128, 32, 4, 128], dim=2)  # models/kda_layer.py:83
+    short_conv_12_0, short_conv_12_1 = short_conv(linear_64_merged_0, W['model.layers.5.self_attn.q_conv1d.weight.reshape'], new_zeros, 'silu')  # models/kda_layer.py:37
+    short_conv_13_0, short_conv_13_1 = short_conv(linear_64_merged_1, W['model.layers.5.self_attn.k_conv1d.weight.reshape'], new_zeros, 'silu')  # models/kda_layer.py:37
+    short_conv_14_0, short_conv_14_1 = short_conv(linear_64_merged_2, W['model.layers.5.self_attn.v_conv1d.weight.reshape'], new_zeros, 'silu')  # models/kda_layer.py:37
+    view_58 = short_conv_12_0.reshape((B, T, 4, 32))  # models/kda_layer.py:86
+    mul_65 = l2norm(view_58, 1e-06)  # models/kda_layer.py:86
+    view_59 = short_conv_13_0.reshape((B, T, 4, 32))  # models/kda_layer.py:86
+    mul_66 = l2norm(view_59, 1e-06)  # models/kda_layer.py:86
+    view_60 = short_conv_14_0.reshape((B, T, 4, 32))  # models/kda_layer.py:87
+    linear_68 = F.linear(linear_64_merged_3, W['model.layers.5.self_attn.f_b_proj.weight'])  # models/kda_layer.py:88
+    view_61 = linear_68.reshape((B, T, 4, 32))  # models/kda_layer.py:88
+    mul_68 = rt.broadcast(ew0, (B, T, 4, 32), torch.float32, view_61, W['model.layers.5.self_attn.dt_bias.reshape'], W['model.layers.5.self_attn.A_log.exp.reshape'])  # models/kda_layer.py:92
+    sigmoid_27 = rt.elementwise(ew1, (B, T, 4), torch.float32, linear_64_merged_4)  # models/kda_layer.py:93
+    kda_4_q_decayed, kda_4_k_decayed, kda_4_w, kda_4_u, kda_4_aqk, kda_4_decay_last = chunk_prepare(mul_65, mul_66, view_60, sigmoid_27, mul_68, 64, 'channel')  # (a)  # models/kda_layer.py:99
+    kda_4_v_new, kda_4_start_states, kda_4_state_out = chunk_state_scan(kda_4_w, kda_4_u, kda_4_k_decayed, kda_4_decay_last, new_zeros_3)  # (b)  # models/kda_layer.py:99
+    kda_4_o = chunk_output(kda_4_q_decayed, kda_4_aqk, kda_4_v_new, kda_4_start_states, 0.1767766952966369, T)  # (c)  # models/kda_layer.py:99
+    view_64 = linear_64_merged_5.reshape((B, T, 4, 32))  # models/kda_layer.py:101
+    mul_69 = gated_rmsnorm(kda_4_o, W['model.layers.5.self_attn.o_norm.weight'], view_64, 1e-05)  # models/kda_layer.py:101
+    reshape_9 = mul_69.reshape((B, T, 128))  # models/kda_layer.py:102
+    linear_71 = F.linear(reshape_9, W['model.layers.5.self_attn.o_proj.weight'])  # models/kda_layer.py:102
     add_35 = rt.elementwise(ew2, (B, T, 256), torch.float32, add_31, linear_71)
     stack_10 = torch.stack([embedding, add_19, add_35], dim=0)
     attn_res_mix_10 = attn_res_mix(stack_10, W['model.layers.5.mlp_res_proj.weight.reshape'], W['model.layers.5.mlp_res_norm.weight'], 1e-05)
-    rms_norm_22 = rms_norm(attn_res_mix_10, W['model.layers.5.post_attention_layernorm.weight'], 1e-05)  # models/common.py:31
+    rms_norm_22 = rms_norm(attn_res_mix_10, W['model.layers.5.post_attention_layernorm.weight'], 1e-05)  # models/common.py:34
     reshape_10 = rms_norm_22.reshape((B*T, 256))  # models/moe_layer.py:95
     linear_72_merged = F.linear(reshape_10, W['model.layers.5.block_sparse_moe.gate-routed_expert_down_proj.weight'])  # models/moe_layer.py:96
     linear_72_merged_0, linear_72_merged_1 = torch.split(linear_72_merged, [8, 128], dim=1)  # models/moe_layer.py:96
     sigmoid_29 = rt.elementwise(ew1, (B*T, 8), torch.float32, linear_72_merged_0)  # models/moe_layer.py:96
     add_36 = rt.broadcast(ew3, (B*T, 8), torch.float32, sigmoid_29, W['model.layers.5.block_sparse_moe.gate.e_score_correction_bias'])  # models/moe_layer.py:97
-    topk_4_0, topk_4_1 = torch.topk(add_36, 2, dim=1)  # models/moe_layer.py:97
+    topk_4_0, topk_4_1 = topk(add_36, 2, -1)  # models/moe_layer.py:97
     gather_4 = torch.gather(sigmoid_29, 1, topk_4_1)  # models/moe_layer.py:98
     sum_15 = gather_4.sum(dim=(1,), keepdim=True)  # models/moe_layer.py:100
     div_22 = rt.broadcast(ew4, (B*T, 2), torch.float32, sum_15, gather_4)  # models/moe_layer.py:100
     moe_experts_3 = moe_experts(linear_72_merged_1, W['model.layers.5.block_sparse_moe.experts.w13'], W['model.layers.5.block_sparse_moe.experts.w2'], topk_4_1, div_22, 'situ', 4.0, 25.0)  # models/moe_layer.py:113
     rms_norm_23 = rms_norm(moe_experts_3, None, 1e-05)  # models/moe_layer.py:117
     linear_74 = F.linear(rms_norm_23, W['model.layers.5.block_sparse_moe.routed_expert_up_proj.weight.normed'])  # models/moe_layer.py:117
-    gated_mlp_3 = gated_mlp(reshape_10, W['model.layers.5.block_sparse_moe.shared_experts.gate_up_proj.weight'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:47
-    linear_77 = F.linear(gated_mlp_3, W['model.layers.5.block_sparse_moe.shared_experts.down_proj.weight'])  # models/common.py:47
+    gated_mlp_3 = gated_mlp(reshape_10, W['model.layers.5.block_sparse_moe.shared_experts.gate_up_proj.weight'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:50
+    linear_77 = F.linear(gated_mlp_3, W['model.layers.5.block_sparse_moe.shared_experts.down_proj.weight'])  # models/common.py:50
     add_38 = rt.elementwise(ew2, (B*T, 256), torch.float32, linear_74, linear_77)  # models/moe_layer.py:119
     view_66 = add_38.reshape((B, T, 256))  # models/moe_layer.py:120
     add_39 = rt.elementwise(ew2, (B, T, 256), torch.float32, add_35, view_66)
     stack_11 = torch.stack([embedding, add_19, add_39], dim=0)
     attn_res_mix_11 = attn_res_mix(stack_11, W['model.layers.6.self_attention_res_proj.weight.reshape'], W['model.layers.6.self_attention_res_norm.weight'], 1e-05)
-    rms_norm_24 = rms_norm(attn_res_mix_11, None, 1e-05)  # models/kda_layer.py:67
-    linear_78_merged = F.linear(rms_norm_24, W['model.layers.6.self_attn.q_proj-k_proj-v_proj-f_a_proj-b_proj-g_proj.weight.normed'])  # models/kda_layer.py:67
-    linear_78_merged_0, linear_78_merged_1, linear_78_merged_2, linear_78_merged_3, linear_78_merged_4, linear_78_merged_5 = torch.split(linear_78_merged, [128, 128, 128, 32, 4, 128], dim=2)  # models/kda_layer.py:67
-    short_conv_15_0, short_conv_15_1 = short_conv(linear_78_merged_0, W['model.layers.6.self_attn.q_conv1d.weight.reshape'], new_zeros, 'silu')  # models/kda_layer.py:33
-    short_conv_16_0, short_conv_16_1 = short_conv(linear_78_merged_1, W['model.layers.6.self_attn.k_conv1d.weight.reshape'], new_zeros, 'silu')  # models/kda_layer.py:33
-    short_conv_17_0, short_conv_17_1 = short_conv(linear_78_merged_2, W['model.layers.6.self_attn.v_conv1d.weight.reshape'], new_zeros, 'silu')  # models/kda_layer.py:33
-    view_71 = short_conv_15_0.reshape((B, T, 4, 32))  # models/kda_layer.py:70
-    mul_80 = l2norm(view_71, 1e-06)  # models/kda_layer.py:70
-    view_72 = short_conv_16_0.reshape((B, T, 4, 32))  # models/kda_layer.py:70
-    mul_81 = l2norm(view_72, 1e-06)  # models/kda_layer.py:70
-    view_73 = short_conv_17_0.reshape((B, T, 4, 32))  # models/kda_layer.py:71
-    linear_82 = F.linear(linear_78_merged_3, W['model.layers.6.self_attn.f_b_proj.weight'])  # models/kda_layer.py:72
-    view_74 = linear_82.reshape((B, T, 4, 32))  # models/kda_layer.py:72
-    mul_83 = rt.broadcast(ew0, (B, T, 4, 32), torch.float32, view_74, W['model.layers.6.self_attn.dt_bias.reshape'], W['model.layers.6.self_attn.A_log.exp.reshape'])  # models/kda_layer.py:76
-    sigmoid_33 = rt.elementwise(ew1, (B, T, 4), torch.float32, linear_78_merged_4)  # models/kda_layer.py:77
-    kda_5_q_decayed, kda_5_k_decayed, kda_5_w, kda_5_u, kda_5_aqk, kda_5_decay_last = chunk_prepare(mul_80, mul_81, view_73, sigmoid_33, mul_83, 64, 'channel')  # (a)  # models/kda_layer.py:81
-    kda_5_v_new, kda_5_start_states, kda_5_state_out = chunk_state_scan(kda_5_w, kda_5_u, kda_5_k_decayed, kda_5_decay_last, new_zeros_3)  # (b)  # models/kda_layer.py:81
-    kda_5_o = chunk_output(kda_5_q_decayed, kda_5_aqk, kda_5_v_new, kda_5_start_states, 0.1767766952966369, T)  # (c)  # models/kda_layer.py:81
-    view_77 = linear_78_merged_5.reshape((B, T, 4, 32))  # models/kda_layer.py:83
-    mul_84 = gated_rmsnorm(kda_5_o, W['model.layers.6.self_attn.o_norm.weight'], view_77, 1e-05)  # models/kda_layer.py:83
-    reshape_11 = mul_84.reshape((B, T, 128))  # models/kda_layer.py:84
-    linear_85 = F.linear(reshape_11, W['model.layers.6.self_attn.o_proj.weight'])  # models/kda_layer.py:84
+    rms_norm_24 = rms_norm(attn_res_mix_11, None, 1e-05)  # models/kda_layer.py:83
+    linear_78_merged = F.linear(rms_norm_24, W['model.layers.6.self_attn.q_proj-k_proj-v_proj-f_a_proj-b_proj-g_proj.weight.normed'])  # models/kda_layer.py:83
+    linear_78_merged_0, linear_78_merged_1, linear_78_merged_2, linear_78_merged_3, linear_78_merged_4, linear_78_merged_5 = torch.split(linear_78_merged, [128, 128, 128, 32, 4, 128], dim=2)  # models/kda_layer.py:83
+    short_conv_15_0, short_conv_15_1 = short_conv(linear_78_merged_0, W['model.layers.6.self_attn.q_conv1d.weight.reshape'], new_zeros, 'silu')  # models/kda_layer.py:37
+    short_conv_16_0, short_conv_16_1 = short_conv(linear_78_merged_1, W['model.layers.6.self_attn.k_conv1d.weight.reshape'], new_zeros, 'silu')  # models/kda_layer.py:37
+    short_conv_17_0, short_conv_17_1 = short_conv(linear_78_merged_2, W['model.layers.6.self_attn.v_conv1d.weight.reshape'], new_zeros, 'silu')  # models/kda_layer.py:37
+    view_71 = short_conv_15_0.reshape((B, T, 4, 32))  # models/kda_layer.py:86
+    mul_80 = l2norm(view_71, 1e-06)  # models/kda_layer.py:86
+    view_72 = short_conv_16_0.reshape((B, T, 4, 32))  # models/kda_layer.py:86
+    mul_81 = l2norm(view_72, 1e-06)  # models/kda_layer.py:86
+    view_73 = short_conv_17_0.reshape((B, T, 4, 32))  # models/kda_layer.py:87
+    linear_82 = F.linear(linear_78_merged_3, W['model.layers.6.self_attn.f_b_proj.weight'])  # models/kda_layer.py:88
+    view_74 = linear_82.reshape((B, T, 4, 32))  # models/kda_layer.py:88
+    mul_83 = rt.broadcast(ew0, (B, T, 4, 32), torch.float32, view_74, W['model.layers.6.self_attn.dt_bias.reshape'], W['model.layers.6.self_attn.A_log.exp.reshape'])  # models/kda_layer.py:92
+    sigmoid_33 = rt.elementwise(ew1, (B, T, 4), torch.float32, linear_78_merged_4)  # models/kda_layer.py:93
+    kda_5_q_decayed, kda_5_k_decayed, kda_5_w, kda_5_u, kda_5_aqk, kda_5_decay_last = chunk_prepare(mul_80, mul_81, view_73, sigmoid_33, mul_83, 64, 'channel')  # (a)  # models/kda_layer.py:99
+    kda_5_v_new, kda_5_start_states, kda_5_state_out = chunk_state_scan(kda_5_w, kda_5_u, kda_5_k_decayed, kda_5_decay_last, new_zeros_3)  # (b)  # models/kda_layer.py:99
+    kda_5_o = chunk_output(kda_5_q_decayed, kda_5_aqk, kda_5_v_new, kda_5_start_states, 0.1767766952966369, T)  # (c)  # models/kda_layer.py:99
+    view_77 = linear_78_merged_5.reshape((B, T, 4, 32))  # models/kda_layer.py:101
+    mul_84 = gated_rmsnorm(kda_5_o, W['model.layers.6.self_attn.o_norm.weight'], view_77, 1e-05)  # models/kda_layer.py:101
+    reshape_11 = mul_84.reshape((B, T, 128))  # models/kda_layer.py:102
+    linear_85 = F.linear(reshape_11, W['model.layers.6.self_attn.o_proj.weight'])  # models/kda_layer.py:102
     stack_12 = torch.stack([embedding, add_19, add_39, linear_85], dim=0)
     attn_res_mix_12 = attn_res_mix(stack_12, W['model.layers.6.mlp_res_proj.weight.reshape'], W['model.layers.6.mlp_res_norm.weight'], 1e-05)
-    rms_norm_26 = rms_norm(attn_res_mix_12, W['model.layers.6.post_attention_layernorm.weight'], 1e-05)  # models/common.py:31
+    rms_norm_26 = rms_norm(attn_res_mix_12, W['model.layers.6.post_attention_layernorm.weight'], 1e-05)  # models/common.py:34
     reshape_12 = rms_norm_26.reshape((B*T, 256))  # models/moe_layer.py:95
     linear_86_merged = F.linear(reshape_12, W['model.layers.6.block_sparse_moe.gate-routed_expert_down_proj.weight'])  # models/moe_layer.py:96
     linear_86_merged_0, linear_86_merged_1 = torch.split(linear_86_merged, [8, 128], dim=1)  # models/moe_layer.py:96
     sigmoid_35 = rt.elementwise(ew1, (B*T, 8), torch.float32, linear_86_merged_0)  # models/moe_layer.py:96
     add_43 = rt.broadcast(ew3, (B*T, 8), torch.float32, sigmoid_35, W['model.layers.6.block_sparse_moe.gate.e_score_correction_bias'])  # models/moe_layer.py:97
-    topk_5_0, topk_5_1 = torch.topk(add_43, 2, dim=1)  # models/moe_layer.py:97
+    topk_5_0, topk_5_1 = topk(add_43, 2, -1)  # models/moe_layer.py:97
     gather_5 = torch.gather(sigmoid_35, 1, topk_5_1)  # models/moe_layer.py:98
     sum_18 = gather_5.sum(dim=(1,), keepdim=True)  # models/moe_layer.py:100
     div_27 = rt.broadcast(ew4, (B*T, 2), torch.float32, sum_18, gather_5)  # models/moe_layer.py:100
     moe_experts_2 = moe_experts(linear_86_merged_1, W['model.layers.6.block_sparse_moe.experts.w13'], W['model.layers.6.block_sparse_moe.experts.w2'], topk_5_1, div_27, 'situ', 4.0, 25.0)  # models/moe_layer.py:113
     rms_norm_27 = rms_norm(moe_experts_2, None, 1e-05)  # models/moe_layer.py:117
     linear_88 = F.linear(rms_norm_27, W['model.layers.6.block_sparse_moe.routed_expert_up_proj.weight.normed'])  # models/moe_layer.py:117
-    gated_mlp_2 = gated_mlp(reshape_12, W['model.layers.6.block_sparse_moe.shared_experts.gate_up_proj.weight'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:47
-    linear_91 = F.linear(gated_mlp_2, W['model.layers.6.block_sparse_moe.shared_experts.down_proj.weight'])  # models/common.py:47
+    gated_mlp_2 = gated_mlp(reshape_12, W['model.layers.6.block_sparse_moe.shared_experts.gate_up_proj.weight'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:50
+    linear_91 = F.linear(gated_mlp_2, W['model.layers.6.block_sparse_moe.shared_experts.down_proj.weight'])  # models/common.py:50
     add_45 = rt.elementwise(ew2, (B*T, 256), torch.float32, linear_88, linear_91)  # models/moe_layer.py:119
     view_79 = add_45.reshape((B, T, 256))  # models/moe_layer.py:120
     add_46 = rt.elementwise(ew2, (B, T, 256), torch.float32, linear_85, view_79)
     stack_13 = torch.stack([embedding, add_19, add_39, add_46], dim=0)
     attn_res_mix_13 = attn_res_mix(stack_13, W['model.layers.7.self_attention_res_proj.weight.reshape'], W['model.layers.7.self_attention_res_norm.weight'], 1e-05)
-    rms_norm_28 = rms_norm(attn_res_mix_13, None, 1e-05)  # models/mla_layer.py:48
-    linear_92_merged = F.linear(rms_norm_28, W['model.layers.7.self_attn.q_a_proj-kv_a_proj_with_mqa-g_proj.weight.normed'])  # models/mla_layer.py:48
-    linear_92_merged_0, linear_92_merged_1, linear_92_merged_2 = torch.split(linear_92_merged, [64, 48, 128], dim=2)  # models/mla_layer.py:48
-    rms_norm_29 = rms_norm(linear_92_merged_0, None, 1e-06)  # models/mla_layer.py:48
-    linear_93 = F.linear(rms_norm_29, W['model.layers.7.self_attn.q_b_proj.weight.normed'])  # models/mla_layer.py:48
-    view_81 = linear_93.reshape((B, T, 4, 48))  # models/mla_layer.py:49
-    split_with_sizes_1_0, split_with_sizes_1_1 = torch.split(linear_92_merged_1, [32, 16], dim=2)  # models/mla_layer.py:50
-    rms_norm_30 = rms_norm(split_with_sizes_1_0, W['model.layers.7.self_attn.kv_a_layernorm.weight'], 1e-06)  # models/common.py:31
-    mla_attention_1 = mla_attention(view_81, rms_norm_30, split_with_sizes_1_1, W['model.layers.7.self_attn.kv_b_proj.weight'], 32, 0.14433756729740643)  # models/mla_layer.py:55
-    reshape_13 = mla_attention_1.reshape((B, T, 128))  # models/mla_layer.py:56
-    mul_95 = rt.elementwise(ew5, (B, T, 128), torch.float32, linear_92_merged_2, reshape_13)  # models/mla_layer.py:58
-    linear_96 = F.linear(mul_95, W['model.layers.7.self_attn.o_proj.weight'])  # models/mla_layer.py:59
+    rms_norm_28 = rms_norm(attn_res_mix_13, None, 1e-05)  # models/mla_layer.py:51
+    linear_92_merged = F.linear(rms_norm_28, W['model.layers.7.self_attn.q_a_proj-kv_a_proj_with_mqa-g_proj.weight.normed'])  # models/mla_layer.py:51
+    linear_92_merged_0, linear_92_merged_1, linear_92_merged_2 = torch.split(linear_92_merged, [64, 48, 128], dim=2)  # models/mla_layer.py:51
+    rms_norm_29 = rms_norm(linear_92_merged_0, None, 1e-06)  # models/mla_layer.py:51
+    linear_93 = F.linear(rms_norm_29, W['model.layers.7.self_attn.q_b_proj.weight.normed'])  # models/mla_layer.py:51
+    view_81 = linear_93.reshape((B, T, 4, 48))  # models/mla_layer.py:52
+    split_with_sizes_1_0, split_with_sizes_1_1 = torch.split(linear_92_merged_1, [32, 16], dim=2)  # models/mla_layer.py:53
+    rms_norm_30 = rms_norm(split_with_sizes_1_0, W['model.layers.7.self_attn.kv_a_layernorm.weight'], 1e-06)  # models/common.py:34
+    mla_attention_1 = mla_attention(view_81, rms_norm_30, split_with_sizes_1_1, W['model.layers.7.self_attn.kv_b_proj.weight'], 32, 0.14433756729740643)  # models/mla_layer.py:66
+    reshape_13 = mla_attention_1.reshape((B, T, 128))  # models/mla_layer.py:69
+    mul_95 = rt.elementwise(ew5, (B, T, 128), torch.float32, linear_92_merged_2, reshape_13)  # models/mla_layer.py:71
+    linear_96 = F.linear(mul_95, W['model.layers.7.self_attn.o_proj.weight'])  # models/mla_layer.py:72
     add_47 = rt.elementwise(ew2, (B, T, 256), torch.float32, add_46, linear_96)
     stack_14 = torch.stack([embedding, add_19, add_39, add_47], dim=0)
     attn_res_mix_14 = attn_res_mix(stack_14, W['model.layers.7.mlp_res_proj.weight.reshape'], W['model.layers.7.mlp_res_norm.weight'], 1e-05)
-    rms_norm_31 = rms_norm(attn_res_mix_14, W['model.layers.7.post_attention_layernorm.weight'], 1e-05)  # models/common.py:31
+    rms_norm_31 = rms_norm(attn_res_mix_14, W['model.layers.7.post_attention_layernorm.weight'], 1e-05)  # models/common.py:34
     reshape_14 = rms_norm_31.reshape((B*T, 256))  # models/moe_layer.py:95
     linear_97_merged = F.linear(reshape_14, W['model.layers.7.block_sparse_moe.gate-routed_expert_down_proj.weight'])  # models/moe_layer.py:96
     linear_97_merged_0, linear_97_merged_1 = torch.split(linear_97_merged, [8, 128], dim=1)  # models/moe_layer.py:96
     sigmoid_39 = rt.elementwise(ew1, (B*T, 8), torch.float32, linear_97_merged_0)  # models/moe_layer.py:96
     add_48 = rt.broadcast(ew3, (B*T, 8), torch.float32, sigmoid_39, W['model.layers.7.block_sparse_moe.gate.e_score_correction_bias'])  # models/moe_layer.py:97
-    topk_6_0, topk_6_1 = torch.topk(add_48, 2, dim=1)  # models/moe_layer.py:97
+    topk_6_0, topk_6_1 = topk(add_48, 2, -1)  # models/moe_layer.py:97
     gather_6 = torch.gather(sigmoid_39, 1, topk_6_1)  # models/moe_layer.py:98
     sum_19 = gather_6.sum(dim=(1,), keepdim=True)  # models/moe_layer.py:100
     div_32 = rt.broadcast(ew4, (B*T, 2), torch.float32, sum_19, gather_6)  # models/moe_layer.py:100
     moe_experts_1 = moe_experts(linear_97_merged_1, W['model.layers.7.block_sparse_moe.experts.w13'], W['model.layers.7.block_sparse_moe.experts.w2'], topk_6_1, div_32, 'situ', 4.0, 25.0)  # models/moe_layer.py:113
     rms_norm_32 = rms_norm(moe_experts_1, None, 1e-05)  # models/moe_layer.py:117
     linear_99 = F.linear(rms_norm_32, W['model.layers.7.block_sparse_moe.routed_expert_up_proj.weight.normed'])  # models/moe_layer.py:117
-    gated_mlp_1 = gated_mlp(reshape_14, W['model.layers.7.block_sparse_moe.shared_experts.gate_up_proj.weight'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:47
-    linear_102 = F.linear(gated_mlp_1, W['model.layers.7.block_sparse_moe.shared_experts.down_proj.weight'])  # models/common.py:47
+    gated_mlp_1 = gated_mlp(reshape_14, W['model.layers.7.block_sparse_moe.shared_experts.gate_up_proj.weight'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:50
+    linear_102 = F.linear(gated_mlp_1, W['model.layers.7.block_sparse_moe.shared_experts.down_proj.weight'])  # models/common.py:50
     add_50 = rt.elementwise(ew2, (B*T, 256), torch.float32, linear_99, linear_102)  # models/moe_layer.py:119
     view_83 = add_50.reshape((B, T, 256))  # models/moe_layer.py:120
     add_51 = rt.elementwise(ew2, (B, T, 256), torch.float32, add_47, view_83)
     stack_15 = torch.stack([embedding, add_19, add_39, add_51], dim=0)
     attn_res_mix_15 = attn_res_mix(stack_15, W['model.layers.8.self_attention_res_proj.weight.reshape'], W['model.layers.8.self_attention_res_norm.weight'], 1e-05)
-    rms_norm_33 = rms_norm(attn_res_mix_15, None, 1e-05)  # models/mla_layer.py:48
-    linear_103_merged = F.linear(rms_norm_33, W['model.layers.8.self_attn.q_a_proj-kv_a_proj_with_mqa-g_proj.weight.normed'])  # models/mla_layer.py:48
-    linear_103_merged_0, linear_103_merged_1, linear_103_merged_2 = torch.split(linear_103_merged, [64, 48, 128], dim=2)  # models/mla_layer.py:48
-    rms_norm_34 = rms_norm(linear_103_merged_0, None, 1e-06)  # models/mla_layer.py:48
-    linear_104 = F.linear(rms_norm_34, W['model.layers.8.self_attn.q_b_proj.weight.normed'])  # models/mla_layer.py:48
-    view_85 = linear_104.reshape((B, T, 4, 48))  # models/mla_layer.py:49
-    split_with_sizes_2_0, split_with_sizes_2_1 = torch.split(linear_103_merged_1, [32, 16], dim=2)  # models/mla_layer.py:50
-    rms_norm_35 = rms_norm(split_with_sizes_2_0, W['model.layers.8.self_attn.kv_a_layernorm.weight'], 1e-06)  # models/common.py:31
-    mla_attention_2 = mla_attention(view_85, rms_norm_35, split_with_sizes_2_1, W['model.layers.8.self_attn.kv_b_proj.weight'], 32, 0.14433756729740643)  # models/mla_layer.py:55
-    reshape_15 = mla_attention_2.reshape((B, T, 128))  # models/mla_layer.py:56
-    mul_106 = rt.elementwise(ew5, (B, T, 128), torch.float32, linear_103_merged_2, reshape_15)  # models/mla_layer.py:58
-    linear_107 = F.linear(mul_106, W['model.layers.8.self_attn.o_proj.weight'])  # models/mla_layer.py:59
+    rms_norm_33 = rms_norm(attn_res_mix_15, None, 1e-05)  # models/mla_layer.py:51
+    linear_103_merged = F.linear(rms_norm_33, W['model.layers.8.self_attn.q_a_proj-kv_a_proj_with_mqa-g_proj.weight.normed'])  # models/mla_layer.py:51
+    linear_103_merged_0, linear_103_merged_1, linear_103_merged_2 = torch.split(linear_103_merged, [64, 48, 128], dim=2)  # models/mla_layer.py:51
+    rms_norm_34 = rms_norm(linear_103_merged_0, None, 1e-06)  # models/mla_layer.py:51
+    linear_104 = F.linear(rms_norm_34, W['model.layers.8.self_attn.q_b_proj.weight.normed'])  # models/mla_layer.py:51
+    view_85 = linear_104.reshape((B, T, 4, 48))  # models/mla_layer.py:52
+    split_with_sizes_2_0, split_with_sizes_2_1 = torch.split(linear_103_merged_1, [32, 16], dim=2)  # models/mla_layer.py:53
+    rms_norm_35 = rms_norm(split_with_sizes_2_0, W['model.layers.8.self_attn.kv_a_layernorm.weight'], 1e-06)  # models/common.py:34
+    mla_attention_2 = mla_attention(view_85, rms_norm_35, split_with_sizes_2_1, W['model.layers.8.self_attn.kv_b_proj.weight'], 32, 0.14433756729740643)  # models/mla_layer.py:66
+    reshape_15 = mla_attention_2.reshape((B, T, 128))  # models/mla_layer.py:69
+    mul_106 = rt.elementwise(ew5, (B, T, 128), torch.float32, linear_103_merged_2, reshape_15)  # models/mla_layer.py:71
+    linear_107 = F.linear(mul_106, W['model.layers.8.self_attn.o_proj.weight'])  # models/mla_layer.py:72
     add_52 = rt.elementwise(ew2, (B, T, 256), torch.float32, add_51, linear_107)
     stack_16 = torch.stack([embedding, add_19, add_39, add_52], dim=0)
     attn_res_mix_16 = attn_res_mix(stack_16, W['model.layers.8.mlp_res_proj.weight.reshape'], W['model.layers.8.mlp_res_norm.weight'], 1e-05)
-    rms_norm_36 = rms_norm(attn_res_mix_16, W['model.layers.8.post_attention_layernorm.weight'], 1e-05)  # models/common.py:31
+    rms_norm_36 = rms_norm(attn_res_mix_16, W['model.layers.8.post_attention_layernorm.weight'], 1e-05)  # models/common.py:34
     reshape_16 = rms_norm_36.reshape((B*T, 256))  # models/moe_layer.py:95
     linear_108_merged = F.linear(reshape_16, W['model.layers.8.block_sparse_moe.gate-routed_expert_down_proj.weight'])  # models/moe_layer.py:96
     linear_108_merged_0, linear_108_merged_1 = torch.split(linear_108_merged, [8, 128], dim=1)  # models/moe_layer.py:96
     sigmoid_43 = rt.elementwise(ew1, (B*T, 8), torch.float32, linear_108_merged_0)  # models/moe_layer.py:96
     add_53 = rt.broadcast(ew3, (B*T, 8), torch.float32, sigmoid_43, W['model.layers.8.block_sparse_moe.gate.e_score_correction_bias'])  # models/moe_layer.py:97
-    topk_7_0, topk_7_1 = torch.topk(add_53, 2, dim=1)  # models/moe_layer.py:97
+    topk_7_0, topk_7_1 = topk(add_53, 2, -1)  # models/moe_layer.py:97
     gather_7 = torch.gather(sigmoid_43, 1, topk_7_1)  # models/moe_layer.py:98
     sum_20 = gather_7.sum(dim=(1,), keepdim=True)  # models/moe_layer.py:100
     div_37 = rt.broadcast(ew4, (B*T, 2), torch.float32, sum_20, gather_7)  # models/moe_layer.py:100
     moe_experts_ = moe_experts(linear_108_merged_1, W['model.layers.8.block_sparse_moe.experts.w13'], W['model.layers.8.block_sparse_moe.experts.w2'], topk_7_1, div_37, 'situ', 4.0, 25.0)  # models/moe_layer.py:113
     rms_norm_37 = rms_norm(moe_experts_, None, 1e-05)  # models/moe_layer.py:117
     linear_110 = F.linear(rms_norm_37, W['model.layers.8.block_sparse_moe.routed_expert_up_proj.weight.normed'])  # models/moe_layer.py:117
-    gated_mlp_ = gated_mlp(reshape_16, W['model.layers.8.block_sparse_moe.shared_experts.gate_up_proj.weight'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:47
-    linear_113 = F.linear(gated_mlp_, W['model.layers.8.block_sparse_moe.shared_experts.down_proj.weight'])  # models/common.py:47
+    gated_mlp_ = gated_mlp(reshape_16, W['model.layers.8.block_sparse_moe.shared_experts.gate_up_proj.weight'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:50
+    linear_113 = F.linear(gated_mlp_, W['model.layers.8.block_sparse_moe.shared_experts.down_proj.weight'])  # models/common.py:50
     add_55 = rt.elementwise(ew2, (B*T, 256), torch.float32, linear_110, linear_113)  # models/moe_layer.py:119
     view_87 = add_55.reshape((B, T, 256))  # models/moe_layer.py:120
     add_56 = rt.elementwise(ew2, (B, T, 256), torch.float32, add_52, view_87)
@@ -490,353 +491,353 @@ def decode(W, input_ids, layers_0_S, layers_0_conv_q, layers_0_conv_k, layers_0_
     B = input_ids.shape[0]
     P = layers_3_ckv.shape[1]
     embedding = F.embedding(input_ids, W['model.embed_tokens.weight'])
-    rms_norm_ = rms_norm(embedding, None, 1e-05)  # models/kda_layer.py:67
-    linear_merged = F.linear(rms_norm_, W['model.layers.0.self_attn.q_proj-k_proj-v_proj-f_a_proj-b_proj-g_proj.weight.normed'])  # models/kda_layer.py:67
-    linear_merged_0, linear_merged_1, linear_merged_2, linear_merged_3, linear_merged_4, linear_merged_5 = torch.split(linear_merged, [128, 128, 128, 32, 4, 128], dim=2)  # models/kda_layer.py:67
-    short_conv_0, short_conv_1 = short_conv(linear_merged_0, W['model.layers.0.self_attn.q_conv1d.weight.reshape'], layers_0_conv_q, 'silu')  # models/kda_layer.py:33
-    short_conv_1_0, short_conv_1_1 = short_conv(linear_merged_1, W['model.layers.0.self_attn.k_conv1d.weight.reshape'], layers_0_conv_k, 'silu')  # models/kda_layer.py:33
-    short_conv_2_0, short_conv_2_1 = short_conv(linear_merged_2, W['model.layers.0.self_attn.v_conv1d.weight.reshape'], layers_0_conv_v, 'silu')  # models/kda_layer.py:33
-    view_3 = short_conv_0.reshape((B, 1, 4, 32))  # models/kda_layer.py:70
-    mul = l2norm(view_3, 1e-06)  # models/kda_layer.py:70
-    view_4 = short_conv_1_0.reshape((B, 1, 4, 32))  # models/kda_layer.py:70
-    mul_1 = l2norm(view_4, 1e-06)  # models/kda_layer.py:70
-    view_5 = short_conv_2_0.reshape((B, 1, 4, 32))  # models/kda_layer.py:71
-    linear_4 = F.linear(linear_merged_3, W['model.layers.0.self_attn.f_b_proj.weight'])  # models/kda_layer.py:72
-    view_6 = linear_4.reshape((B, 1, 4, 32))  # models/kda_layer.py:72
-    mul_3 = rt.broadcast(ew0, (B, 1, 4, 32), torch.float32, view_6, W['model.layers.0.self_attn.dt_bias.reshape'], W['model.layers.0.self_attn.A_log.exp.reshape'])  # models/kda_layer.py:76
-    sigmoid_1 = rt.elementwise(ew1, (B, 1, 4), torch.float32, linear_merged_4)  # models/kda_layer.py:77
-    kda_0, kda_1 = rt.kda(mul, mul_1, view_5, mul_3, sigmoid_1, layers_0_S, 0.1767766952966369)  # models/kda_layer.py:81
-    view_9 = linear_merged_5.reshape((B, 1, 4, 32))  # models/kda_layer.py:83
-    mul_4 = gated_rmsnorm(kda_0, W['model.layers.0.self_attn.o_norm.weight'], view_9, 1e-05)  # models/kda_layer.py:83
-    reshape = mul_4.reshape((B, 1, 128))  # models/kda_layer.py:84
-    linear_7 = F.linear(reshape, W['model.layers.0.self_attn.o_proj.weight'])  # models/kda_layer.py:84
+    rms_norm_ = rms_norm(embedding, None, 1e-05)  # models/kda_layer.py:83
+    linear_merged = F.linear(rms_norm_, W['model.layers.0.self_attn.q_proj-k_proj-v_proj-f_a_proj-b_proj-g_proj.weight.normed'])  # models/kda_layer.py:83
+    linear_merged_0, linear_merged_1, linear_merged_2, linear_merged_3, linear_merged_4, linear_merged_5 = torch.split(linear_merged, [128, 128, 128, 32, 4, 128], dim=2)  # models/kda_layer.py:83
+    short_conv_0, short_conv_1 = short_conv(linear_merged_0, W['model.layers.0.self_attn.q_conv1d.weight.reshape'], layers_0_conv_q, 'silu')  # models/kda_layer.py:37
+    short_conv_1_0, short_conv_1_1 = short_conv(linear_merged_1, W['model.layers.0.self_attn.k_conv1d.weight.reshape'], layers_0_conv_k, 'silu')  # models/kda_layer.py:37
+    short_conv_2_0, short_conv_2_1 = short_conv(linear_merged_2, W['model.layers.0.self_attn.v_conv1d.weight.reshape'], layers_0_conv_v, 'silu')  # models/kda_layer.py:37
+    view_3 = short_conv_0.reshape((B, 1, 4, 32))  # models/kda_layer.py:86
+    mul = l2norm(view_3, 1e-06)  # models/kda_layer.py:86
+    view_4 = short_conv_1_0.reshape((B, 1, 4, 32))  # models/kda_layer.py:86
+    mul_1 = l2norm(view_4, 1e-06)  # models/kda_layer.py:86
+    view_5 = short_conv_2_0.reshape((B, 1, 4, 32))  # models/kda_layer.py:87
+    linear_4 = F.linear(linear_merged_3, W['model.layers.0.self_attn.f_b_proj.weight'])  # models/kda_layer.py:88
+    view_6 = linear_4.reshape((B, 1, 4, 32))  # models/kda_layer.py:88
+    mul_3 = rt.broadcast(ew0, (B, 1, 4, 32), torch.float32, view_6, W['model.layers.0.self_attn.dt_bias.reshape'], W['model.layers.0.self_attn.A_log.exp.reshape'])  # models/kda_layer.py:92
+    sigmoid_1 = rt.elementwise(ew1, (B, 1, 4), torch.float32, linear_merged_4)  # models/kda_layer.py:93
+    kda_0, kda_1 = rt.kda(mul, mul_1, view_5, mul_3, sigmoid_1, layers_0_S, 0.1767766952966369)  # models/kda_layer.py:99
+    view_9 = linear_merged_5.reshape((B, 1, 4, 32))  # models/kda_layer.py:101
+    mul_4 = gated_rmsnorm(kda_0, W['model.layers.0.self_attn.o_norm.weight'], view_9, 1e-05)  # models/kda_layer.py:101
+    reshape = mul_4.reshape((B, 1, 128))  # models/kda_layer.py:102
+    linear_7 = F.linear(reshape, W['model.layers.0.self_attn.o_proj.weight'])  # models/kda_layer.py:102
     stack = torch.stack([embedding, linear_7], dim=0)
     attn_res_mix_ = attn_res_mix(stack, W['model.layers.0.mlp_res_proj.weight.reshape'], W['model.layers.0.mlp_res_norm.weight'], 1e-05)
-    rms_norm_2 = rms_norm(attn_res_mix_, None, 1e-05)  # models/common.py:47
-    gated_mlp_8 = gated_mlp(rms_norm_2, W['model.layers.0.mlp.gate_up_proj.weight.normed'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:47
-    linear_10 = F.linear(gated_mlp_8, W['model.layers.0.mlp.down_proj.weight'])  # models/common.py:47
+    rms_norm_2 = rms_norm(attn_res_mix_, None, 1e-05)  # models/common.py:50
+    gated_mlp_8 = gated_mlp(rms_norm_2, W['model.layers.0.mlp.gate_up_proj.weight.normed'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:50
+    linear_10 = F.linear(gated_mlp_8, W['model.layers.0.mlp.down_proj.weight'])  # models/common.py:50
     add_3 = rt.elementwise(ew2, (B, 1, 256), torch.float32, linear_7, linear_10)
     stack_1 = torch.stack([embedding, add_3], dim=0)
     attn_res_mix_1 = attn_res_mix(stack_1, W['model.layers.1.self_attention_res_proj.weight.reshape'], W['model.layers.1.self_attention_res_norm.weight'], 1e-05)
-    rms_norm_3 = rms_norm(attn_res_mix_1, None, 1e-05)  # models/kda_layer.py:67
-    linear_11_merged = F.linear(rms_norm_3, W['model.layers.1.self_attn.q_proj-k_proj-v_proj-f_a_proj-b_proj-g_proj.weight.normed'])  # models/kda_layer.py:67
-    linear_11_merged_0, linear_11_merged_1, linear_11_merged_2, linear_11_merged_3, linear_11_merged_4, linear_11_merged_5 = torch.split(linear_11_merged, [128, 128, 128, 32, 4, 128], dim=2)  # models/kda_layer.py:67
-    short_conv_3_0, short_conv_3_1 = short_conv(linear_11_merged_0, W['model.layers.1.self_attn.q_conv1d.weight.reshape'], layers_1_conv_q, 'silu')  # models/kda_layer.py:33
-    short_conv_4_0, short_conv_4_1 = short_conv(linear_11_merged_1, W['model.layers.1.self_attn.k_conv1d.weight.reshape'], layers_1_conv_k, 'silu')  # models/kda_layer.py:33
-    short_conv_5_0, short_conv_5_1 = short_conv(linear_11_merged_2, W['model.layers.1.self_attn.v_conv1d.weight.reshape'], layers_1_conv_v, 'silu')  # models/kda_layer.py:33
-    view_15 = short_conv_3_0.reshape((B, 1, 4, 32))  # models/kda_layer.py:70
-    mul_9 = l2norm(view_15, 1e-06)  # models/kda_layer.py:70
-    view_16 = short_conv_4_0.reshape((B, 1, 4, 32))  # models/kda_layer.py:70
-    mul_10 = l2norm(view_16, 1e-06)  # models/kda_layer.py:70
-    view_17 = short_conv_5_0.reshape((B, 1, 4, 32))  # models/kda_layer.py:71
-    linear_15 = F.linear(linear_11_merged_3, W['model.layers.1.self_attn.f_b_proj.weight'])  # models/kda_layer.py:72
-    view_18 = linear_15.reshape((B, 1, 4, 32))  # models/kda_layer.py:72
-    mul_12 = rt.broadcast(ew0, (B, 1, 4, 32), torch.float32, view_18, W['model.layers.1.self_attn.dt_bias.reshape'], W['model.layers.1.self_attn.A_log.exp.reshape'])  # models/kda_layer.py:76
-    sigmoid_5 = rt.elementwise(ew1, (B, 1, 4), torch.float32, linear_11_merged_4)  # models/kda_layer.py:77
-    kda_1_0, kda_1_1 = rt.kda(mul_9, mul_10, view_17, mul_12, sigmoid_5, layers_1_S, 0.1767766952966369)  # models/kda_layer.py:81
-    view_21 = linear_11_merged_5.reshape((B, 1, 4, 32))  # models/kda_layer.py:83
-    mul_13 = gated_rmsnorm(kda_1_0, W['model.layers.1.self_attn.o_norm.weight'], view_21, 1e-05)  # models/kda_layer.py:83
-    reshape_1 = mul_13.reshape((B, 1, 128))  # models/kda_layer.py:84
-    linear_18 = F.linear(reshape_1, W['model.layers.1.self_attn.o_proj.weight'])  # models/kda_layer.py:84
+    rms_norm_3 = rms_norm(attn_res_mix_1, None, 1e-05)  # models/kda_layer.py:83
+    linear_11_merged = F.linear(rms_norm_3, W['model.layers.1.self_attn.q_proj-k_proj-v_proj-f_a_proj-b_proj-g_proj.weight.normed'])  # models/kda_layer.py:83
+    linear_11_merged_0, linear_11_merged_1, linear_11_merged_2, linear_11_merged_3, linear_11_merged_4, linear_11_merged_5 = torch.split(linear_11_merged, [128, 128, 128, 32, 4, 128], dim=2)  # models/kda_layer.py:83
+    short_conv_3_0, short_conv_3_1 = short_conv(linear_11_merged_0, W['model.layers.1.self_attn.q_conv1d.weight.reshape'], layers_1_conv_q, 'silu')  # models/kda_layer.py:37
+    short_conv_4_0, short_conv_4_1 = short_conv(linear_11_merged_1, W['model.layers.1.self_attn.k_conv1d.weight.reshape'], layers_1_conv_k, 'silu')  # models/kda_layer.py:37
+    short_conv_5_0, short_conv_5_1 = short_conv(linear_11_merged_2, W['model.layers.1.self_attn.v_conv1d.weight.reshape'], layers_1_conv_v, 'silu')  # models/kda_layer.py:37
+    view_15 = short_conv_3_0.reshape((B, 1, 4, 32))  # models/kda_layer.py:86
+    mul_9 = l2norm(view_15, 1e-06)  # models/kda_layer.py:86
+    view_16 = short_conv_4_0.reshape((B, 1, 4, 32))  # models/kda_layer.py:86
+    mul_10 = l2norm(view_16, 1e-06)  # models/kda_layer.py:86
+    view_17 = short_conv_5_0.reshape((B, 1, 4, 32))  # models/kda_layer.py:87
+    linear_15 = F.linear(linear_11_merged_3, W['model.layers.1.self_attn.f_b_proj.weight'])  # models/kda_layer.py:88
+    view_18 = linear_15.reshape((B, 1, 4, 32))  # models/kda_layer.py:88
+    mul_12 = rt.broadcast(ew0, (B, 1, 4, 32), torch.float32, view_18, W['model.layers.1.self_attn.dt_bias.reshape'], W['model.layers.1.self_attn.A_log.exp.reshape'])  # models/kda_layer.py:92
+    sigmoid_5 = rt.elementwise(ew1, (B, 1, 4), torch.float32, linear_11_merged_4)  # models/kda_layer.py:93
+    kda_1_0, kda_1_1 = rt.kda(mul_9, mul_10, view_17, mul_12, sigmoid_5, layers_1_S, 0.1767766952966369)  # models/kda_layer.py:99
+    view_21 = linear_11_merged_5.reshape((B, 1, 4, 32))  # models/kda_layer.py:101
+    mul_13 = gated_rmsnorm(kda_1_0, W['model.layers.1.self_attn.o_norm.weight'], view_21, 1e-05)  # models/kda_layer.py:101
+    reshape_1 = mul_13.reshape((B, 1, 128))  # models/kda_layer.py:102
+    linear_18 = F.linear(reshape_1, W['model.layers.1.self_attn.o_proj.weight'])  # models/kda_layer.py:102
     add_7 = rt.elementwise(ew2, (B, 1, 256), torch.float32, add_3, linear_18)
     stack_2 = torch.stack([embedding, add_7], dim=0)
     attn_res_mix_2 = attn_res_mix(stack_2, W['model.layers.1.mlp_res_proj.weight.reshape'], W['model.layers.1.mlp_res_norm.weight'], 1e-05)
-    rms_norm_5 = rms_norm(attn_res_mix_2, W['model.layers.1.post_attention_layernorm.weight'], 1e-05)  # models/common.py:31
+    rms_norm_5 = rms_norm(attn_res_mix_2, W['model.layers.1.post_attention_layernorm.weight'], 1e-05)  # models/common.py:34
     reshape_2 = rms_norm_5.reshape((B, 256))  # models/moe_layer.py:95
     linear_19_merged = F.linear(reshape_2, W['model.layers.1.block_sparse_moe.gate-routed_expert_down_proj.weight'])  # models/moe_layer.py:96
     linear_19_merged_0, linear_19_merged_1 = torch.split(linear_19_merged, [8, 128], dim=1)  # models/moe_layer.py:96
     sigmoid_7 = rt.elementwise(ew1, (B, 8), torch.float32, linear_19_merged_0)  # models/moe_layer.py:96
     add_8 = rt.broadcast(ew3, (B, 8), torch.float32, sigmoid_7, W['model.layers.1.block_sparse_moe.gate.e_score_correction_bias'])  # models/moe_layer.py:97
-    topk_0, topk_1 = torch.topk(add_8, 2, dim=1)  # models/moe_layer.py:97
+    topk_0, topk_1 = topk(add_8, 2, -1)  # models/moe_layer.py:97
     gather = torch.gather(sigmoid_7, 1, topk_1)  # models/moe_layer.py:98
     sum_5 = gather.sum(dim=(1,), keepdim=True)  # models/moe_layer.py:100
     div_2 = rt.broadcast(ew4, (B, 2), torch.float32, sum_5, gather)  # models/moe_layer.py:100
     moe_experts_7 = moe_experts(linear_19_merged_1, W['model.layers.1.block_sparse_moe.experts.w13'], W['model.layers.1.block_sparse_moe.experts.w2'], topk_1, div_2, 'situ', 4.0, 25.0)  # models/moe_layer.py:113
     rms_norm_6 = rms_norm(moe_experts_7, None, 1e-05)  # models/moe_layer.py:117
     linear_21 = F.linear(rms_norm_6, W['model.layers.1.block_sparse_moe.routed_expert_up_proj.weight.normed'])  # models/moe_layer.py:117
-    gated_mlp_7 = gated_mlp(reshape_2, W['model.layers.1.block_sparse_moe.shared_experts.gate_up_proj.weight'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:47
-    linear_24 = F.linear(gated_mlp_7, W['model.layers.1.block_sparse_moe.shared_experts.down_proj.weight'])  # models/common.py:47
+    gated_mlp_7 = gated_mlp(reshape_2, W['model.layers.1.block_sparse_moe.shared_experts.gate_up_proj.weight'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:50
+    linear_24 = F.linear(gated_mlp_7, W['model.layers.1.block_sparse_moe.shared_experts.down_proj.weight'])  # models/common.py:50
     add_10 = rt.elementwise(ew2, (B, 256), torch.float32, linear_21, linear_24)  # models/moe_layer.py:119
     view_23 = add_10.reshape((B, 1, 256))  # models/moe_layer.py:120
     add_11 = rt.elementwise(ew2, (B, 1, 256), torch.float32, add_7, view_23)
     stack_3 = torch.stack([embedding, add_11], dim=0)
     attn_res_mix_3 = attn_res_mix(stack_3, W['model.layers.2.self_attention_res_proj.weight.reshape'], W['model.layers.2.self_attention_res_norm.weight'], 1e-05)
-    rms_norm_7 = rms_norm(attn_res_mix_3, None, 1e-05)  # models/kda_layer.py:67
-    linear_25_merged = F.linear(rms_norm_7, W['model.layers.2.self_attn.q_proj-k_proj-v_proj-f_a_proj-b_proj-g_proj.weight.normed'])  # models/kda_layer.py:67
-    linear_25_merged_0, linear_25_merged_1, linear_25_merged_2, linear_25_merged_3, linear_25_merged_4, linear_25_merged_5 = torch.split(linear_25_merged, [128, 128, 128, 32, 4, 128], dim=2)  # models/kda_layer.py:67
-    short_conv_6_0, short_conv_6_1 = short_conv(linear_25_merged_0, W['model.layers.2.self_attn.q_conv1d.weight.reshape'], layers_2_conv_q, 'silu')  # models/kda_layer.py:33
-    short_conv_7_0, short_conv_7_1 = short_conv(linear_25_merged_1, W['model.layers.2.self_attn.k_conv1d.weight.reshape'], layers_2_conv_k, 'silu')  # models/kda_layer.py:33
-    short_conv_8_0, short_conv_8_1 = short_conv(linear_25_merged_2, W['model.layers.2.self_attn.v_conv1d.weight.reshape'], layers_2_conv_v, 'silu')  # models/kda_layer.py:33
-    view_28 = short_conv_6_0.reshape((B, 1, 4, 32))  # models/kda_layer.py:70
-    mul_23 = l2norm(view_28, 1e-06)  # models/kda_layer.py:70
-    view_29 = short_conv_7_0.reshape((B, 1, 4, 32))  # models/kda_layer.py:70
-    mul_24 = l2norm(view_29, 1e-06)  # models/kda_layer.py:70
-    view_30 = short_conv_8_0.reshape((B, 1, 4, 32))  # models/kda_layer.py:71
-    linear_29 = F.linear(linear_25_merged_3, W['model.layers.2.self_attn.f_b_proj.weight'])  # models/kda_layer.py:72
-    view_31 = linear_29.reshape((B, 1, 4, 32))  # models/kda_layer.py:72
-    mul_26 = rt.broadcast(ew0, (B, 1, 4, 32), torch.float32, view_31, W['model.layers.2.self_attn.dt_bias.reshape'], W['model.layers.2.self_attn.A_log.exp.reshape'])  # models/kda_layer.py:76
-    sigmoid_11 = rt.elementwise(ew1, (B, 1, 4), torch.float32, linear_25_merged_4)  # models/kda_layer.py:77
-    kda_2_0, kda_2_1 = rt.kda(mul_23, mul_24, view_30, mul_26, sigmoid_11, layers_2_S, 0.1767766952966369)  # models/kda_layer.py:81
-    view_34 = linear_25_merged_5.reshape((B, 1, 4, 32))  # models/kda_layer.py:83
-    mul_27 = gated_rmsnorm(kda_2_0, W['model.layers.2.self_attn.o_norm.weight'], view_34, 1e-05)  # models/kda_layer.py:83
-    reshape_3 = mul_27.reshape((B, 1, 128))  # models/kda_layer.py:84
-    linear_32 = F.linear(reshape_3, W['model.layers.2.self_attn.o_proj.weight'])  # models/kda_layer.py:84
+    rms_norm_7 = rms_norm(attn_res_mix_3, None, 1e-05)  # models/kda_layer.py:83
+    linear_25_merged = F.linear(rms_norm_7, W['model.layers.2.self_attn.q_proj-k_proj-v_proj-f_a_proj-b_proj-g_proj.weight.normed'])  # models/kda_layer.py:83
+    linear_25_merged_0, linear_25_merged_1, linear_25_merged_2, linear_25_merged_3, linear_25_merged_4, linear_25_merged_5 = torch.split(linear_25_merged, [128, 128, 128, 32, 4, 128], dim=2)  # models/kda_layer.py:83
+    short_conv_6_0, short_conv_6_1 = short_conv(linear_25_merged_0, W['model.layers.2.self_attn.q_conv1d.weight.reshape'], layers_2_conv_q, 'silu')  # models/kda_layer.py:37
+    short_conv_7_0, short_conv_7_1 = short_conv(linear_25_merged_1, W['model.layers.2.self_attn.k_conv1d.weight.reshape'], layers_2_conv_k, 'silu')  # models/kda_layer.py:37
+    short_conv_8_0, short_conv_8_1 = short_conv(linear_25_merged_2, W['model.layers.2.self_attn.v_conv1d.weight.reshape'], layers_2_conv_v, 'silu')  # models/kda_layer.py:37
+    view_28 = short_conv_6_0.reshape((B, 1, 4, 32))  # models/kda_layer.py:86
+    mul_23 = l2norm(view_28, 1e-06)  # models/kda_layer.py:86
+    view_29 = short_conv_7_0.reshape((B, 1, 4, 32))  # models/kda_layer.py:86
+    mul_24 = l2norm(view_29, 1e-06)  # models/kda_layer.py:86
+    view_30 = short_conv_8_0.reshape((B, 1, 4, 32))  # models/kda_layer.py:87
+    linear_29 = F.linear(linear_25_merged_3, W['model.layers.2.self_attn.f_b_proj.weight'])  # models/kda_layer.py:88
+    view_31 = linear_29.reshape((B, 1, 4, 32))  # models/kda_layer.py:88
+    mul_26 = rt.broadcast(ew0, (B, 1, 4, 32), torch.float32, view_31, W['model.layers.2.self_attn.dt_bias.reshape'], W['model.layers.2.self_attn.A_log.exp.reshape'])  # models/kda_layer.py:92
+    sigmoid_11 = rt.elementwise(ew1, (B, 1, 4), torch.float32, linear_25_merged_4)  # models/kda_layer.py:93
+    kda_2_0, kda_2_1 = rt.kda(mul_23, mul_24, view_30, mul_26, sigmoid_11, layers_2_S, 0.1767766952966369)  # models/kda_layer.py:99
+    view_34 = linear_25_merged_5.reshape((B, 1, 4, 32))  # models/kda_layer.py:101
+    mul_27 = gated_rmsnorm(kda_2_0, W['model.layers.2.self_attn.o_norm.weight'], view_34, 1e-05)  # models/kda_layer.py:101
+    reshape_3 = mul_27.reshape((B, 1, 128))  # models/kda_layer.py:102
+    linear_32 = F.linear(reshape_3, W['model.layers.2.self_attn.o_proj.weight'])  # models/kda_layer.py:102
     add_15 = rt.elementwise(ew2, (B, 1, 256), torch.float32, add_11, linear_32)
     stack_4 = torch.stack([embedding, add_15], dim=0)
     attn_res_mix_4 = attn_res_mix(stack_4, W['model.layers.2.mlp_res_proj.weight.reshape'], W['model.layers.2.mlp_res_norm.weight'], 1e-05)
-    rms_norm_9 = rms_norm(attn_res_mix_4, W['model.layers.2.post_attention_layernorm.weight'], 1e-05)  # models/common.py:31
+    rms_norm_9 = rms_norm(attn_res_mix_4, W['model.layers.2.post_attention_layernorm.weight'], 1e-05)  # models/common.py:34
     reshape_4 = rms_norm_9.reshape((B, 256))  # models/moe_layer.py:95
     linear_33_merged = F.linear(reshape_4, W['model.layers.2.block_sparse_moe.gate-routed_expert_down_proj.weight'])  # models/moe_layer.py:96
     linear_33_merged_0, linear_33_merged_1 = torch.split(linear_33_merged, [8, 128], dim=1)  # models/moe_layer.py:96
     sigmoid_13 = rt.elementwise(ew1, (B, 8), torch.float32, linear_33_merged_0)  # models/moe_layer.py:96
     add_16 = rt.broadcast(ew3, (B, 8), torch.float32, sigmoid_13, W['model.layers.2.block_sparse_moe.gate.e_score_correction_bias'])  # models/moe_layer.py:97
-    topk_1_0, topk_1_1 = torch.topk(add_16, 2, dim=1)  # models/moe_layer.py:97
+    topk_1_0, topk_1_1 = topk(add_16, 2, -1)  # models/moe_layer.py:97
     gather_1 = torch.gather(sigmoid_13, 1, topk_1_1)  # models/moe_layer.py:98
     sum_8 = gather_1.sum(dim=(1,), keepdim=True)  # models/moe_layer.py:100
     div_7 = rt.broadcast(ew4, (B, 2), torch.float32, sum_8, gather_1)  # models/moe_layer.py:100
     moe_experts_6 = moe_experts(linear_33_merged_1, W['model.layers.2.block_sparse_moe.experts.w13'], W['model.layers.2.block_sparse_moe.experts.w2'], topk_1_1, div_7, 'situ', 4.0, 25.0)  # models/moe_layer.py:113
     rms_norm_10 = rms_norm(moe_experts_6, None, 1e-05)  # models/moe_layer.py:117
     linear_35 = F.linear(rms_norm_10, W['model.layers.2.block_sparse_moe.routed_expert_up_proj.weight.normed'])  # models/moe_layer.py:117
-    gated_mlp_6 = gated_mlp(reshape_4, W['model.layers.2.block_sparse_moe.shared_experts.gate_up_proj.weight'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:47
-    linear_38 = F.linear(gated_mlp_6, W['model.layers.2.block_sparse_moe.shared_experts.down_proj.weight'])  # models/common.py:47
+    gated_mlp_6 = gated_mlp(reshape_4, W['model.layers.2.block_sparse_moe.shared_experts.gate_up_proj.weight'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:50
+    linear_38 = F.linear(gated_mlp_6, W['model.layers.2.block_sparse_moe.shared_experts.down_proj.weight'])  # models/common.py:50
     add_18 = rt.elementwise(ew2, (B, 256), torch.float32, linear_35, linear_38)  # models/moe_layer.py:119
     view_36 = add_18.reshape((B, 1, 256))  # models/moe_layer.py:120
     add_19 = rt.elementwise(ew2, (B, 1, 256), torch.float32, add_15, view_36)
     stack_5 = torch.stack([embedding, add_19], dim=0)
     attn_res_mix_5 = attn_res_mix(stack_5, W['model.layers.3.self_attention_res_proj.weight.reshape'], W['model.layers.3.self_attention_res_norm.weight'], 1e-05)
-    rms_norm_11 = rms_norm(attn_res_mix_5, None, 1e-05)  # models/mla_layer.py:48
-    linear_39_merged = F.linear(rms_norm_11, W['model.layers.3.self_attn.q_a_proj-kv_a_proj_with_mqa-g_proj.weight.normed'])  # models/mla_layer.py:48
-    linear_39_merged_0, linear_39_merged_1, linear_39_merged_2 = torch.split(linear_39_merged, [64, 48, 128], dim=2)  # models/mla_layer.py:48
-    rms_norm_12 = rms_norm(linear_39_merged_0, None, 1e-06)  # models/mla_layer.py:48
-    linear_40 = F.linear(rms_norm_12, W['model.layers.3.self_attn.q_b_proj.weight.normed'])  # models/mla_layer.py:48
-    view_38 = linear_40.reshape((B, 1, 4, 48))  # models/mla_layer.py:49
-    split_with_sizes_0, split_with_sizes_1 = torch.split(linear_39_merged_1, [32, 16], dim=2)  # models/mla_layer.py:50
-    rms_norm_13 = rms_norm(split_with_sizes_0, W['model.layers.3.self_attn.kv_a_layernorm.weight'], 1e-06)  # models/common.py:31
-    cat = torch.cat([layers_3_ckv, rms_norm_13], dim=1)  # models/mla_layer.py:53
-    cat_1 = torch.cat([layers_3_krope, split_with_sizes_1], dim=1)  # models/mla_layer.py:54
-    mla_attention_ = mla_attention_absorbed(view_38, cat, cat_1, W['model.layers.3.self_attn.kv_b_proj.w_uk'], W['model.layers.3.self_attn.kv_b_proj.w_uv'], 0.14433756729740643)  # models/mla_layer.py:55
-    reshape_5 = mla_attention_.reshape((B, 1, 128))  # models/mla_layer.py:56
-    mul_37 = rt.elementwise(ew5, (B, 1, 128), torch.float32, linear_39_merged_2, reshape_5)  # models/mla_layer.py:58
-    linear_43 = F.linear(mul_37, W['model.layers.3.self_attn.o_proj.weight'])  # models/mla_layer.py:59
+    rms_norm_11 = rms_norm(attn_res_mix_5, None, 1e-05)  # models/mla_layer.py:51
+    linear_39_merged = F.linear(rms_norm_11, W['model.layers.3.self_attn.q_a_proj-kv_a_proj_with_mqa-g_proj.weight.normed'])  # models/mla_layer.py:51
+    linear_39_merged_0, linear_39_merged_1, linear_39_merged_2 = torch.split(linear_39_merged, [64, 48, 128], dim=2)  # models/mla_layer.py:51
+    rms_norm_12 = rms_norm(linear_39_merged_0, None, 1e-06)  # models/mla_layer.py:51
+    linear_40 = F.linear(rms_norm_12, W['model.layers.3.self_attn.q_b_proj.weight.normed'])  # models/mla_layer.py:51
+    view_38 = linear_40.reshape((B, 1, 4, 48))  # models/mla_layer.py:52
+    split_with_sizes_0, split_with_sizes_1 = torch.split(linear_39_merged_1, [32, 16], dim=2)  # models/mla_layer.py:53
+    rms_norm_13 = rms_norm(split_with_sizes_0, W['model.layers.3.self_attn.kv_a_layernorm.weight'], 1e-06)  # models/common.py:34
+    cat = torch.cat([layers_3_ckv, rms_norm_13], dim=1)  # models/mla_layer.py:62
+    cat_1 = torch.cat([layers_3_krope, split_with_sizes_1], dim=1)  # models/mla_layer.py:63
+    mla_attention_ = mla_attention_absorbed(view_38, cat, cat_1, W['model.layers.3.self_attn.kv_b_proj.w_uk'], W['model.layers.3.self_attn.kv_b_proj.w_uv'], 0.14433756729740643)  # models/mla_layer.py:66
+    reshape_5 = mla_attention_.reshape((B, 1, 128))  # models/mla_layer.py:69
+    mul_37 = rt.elementwise(ew5, (B, 1, 128), torch.float32, linear_39_merged_2, reshape_5)  # models/mla_layer.py:71
+    linear_43 = F.linear(mul_37, W['model.layers.3.self_attn.o_proj.weight'])  # models/mla_layer.py:72
     stack_6 = torch.stack([embedding, add_19, linear_43], dim=0)
     attn_res_mix_6 = attn_res_mix(stack_6, W['model.layers.3.mlp_res_proj.weight.reshape'], W['model.layers.3.mlp_res_norm.weight'], 1e-05)
-    rms_norm_14 = rms_norm(attn_res_mix_6, W['model.layers.3.post_attention_layernorm.weight'], 1e-05)  # models/common.py:31
+    rms_norm_14 = rms_norm(attn_res_mix_6, W['model.layers.3.post_attention_layernorm.weight'], 1e-05)  # models/common.py:34
     reshape_6 = rms_norm_14.reshape((B, 256))  # models/moe_layer.py:95
     linear_44_merged = F.linear(reshape_6, W['model.layers.3.block_sparse_moe.gate-routed_expert_down_proj.weight'])  # models/moe_layer.py:96
     linear_44_merged_0, linear_44_merged_1 = torch.split(linear_44_merged, [8, 128], dim=1)  # models/moe_layer.py:96
     sigmoid_17 = rt.elementwise(ew1, (B, 8), torch.float32, linear_44_merged_0)  # models/moe_layer.py:96
     add_20 = rt.broadcast(ew3, (B, 8), torch.float32, sigmoid_17, W['model.layers.3.block_sparse_moe.gate.e_score_correction_bias'])  # models/moe_layer.py:97
-    topk_2_0, topk_2_1 = torch.topk(add_20, 2, dim=1)  # models/moe_layer.py:97
+    topk_2_0, topk_2_1 = topk(add_20, 2, -1)  # models/moe_layer.py:97
     gather_2 = torch.gather(sigmoid_17, 1, topk_2_1)  # models/moe_layer.py:98
     sum_9 = gather_2.sum(dim=(1,), keepdim=True)  # models/moe_layer.py:100
     div_12 = rt.broadcast(ew4, (B, 2), torch.float32, sum_9, gather_2)  # models/moe_layer.py:100
     moe_experts_5 = moe_experts(linear_44_merged_1, W['model.layers.3.block_sparse_moe.experts.w13'], W['model.layers.3.block_sparse_moe.experts.w2'], topk_2_1, div_12, 'situ', 4.0, 25.0)  # models/moe_layer.py:113
     rms_norm_15 = rms_norm(moe_experts_5, None, 1e-05)  # models/moe_layer.py:117
     linear_46 = F.linear(rms_norm_15, W['model.layers.3.block_sparse_moe.routed_expert_up_proj.weight.normed'])  # models/moe_layer.py:117
-    gated_mlp_5 = gated_mlp(reshape_6, W['model.layers.3.block_sparse_moe.shared_experts.gate_up_proj.weight'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:47
-    linear_49 = F.linear(gated_mlp_5, W['model.layers.3.block_sparse_moe.shared_experts.down_proj.weight'])  # models/common.py:47
+    gated_mlp_5 = gated_mlp(reshape_6, W['model.layers.3.block_sparse_moe.shared_experts.gate_up_proj.weight'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:50
+    linear_49 = F.linear(gated_mlp_5, W['model.layers.3.block_sparse_moe.shared_experts.down_proj.weight'])  # models/common.py:50
     add_22 = rt.elementwise(ew2, (B, 256), torch.float32, linear_46, linear_49)  # models/moe_layer.py:119
     view_40 = add_22.reshape((B, 1, 256))  # models/moe_layer.py:120
     add_23 = rt.elementwise(ew2, (B, 1, 256), torch.float32, linear_43, view_40)
     stack_7 = torch.stack([embedding, add_19, add_23], dim=0)
     attn_res_mix_7 = attn_res_mix(stack_7, W['model.layers.4.self_attention_res_proj.weight.reshape'], W['model.layers.4.self_attention_res_norm.weight'], 1e-05)
-    rms_norm_16 = rms_norm(attn_res_mix_7, None, 1e-05)  # models/kda_layer.py:67
-    linear_50_merged = F.linear(rms_norm_16, W['model.layers.4.self_attn.q_proj-k_proj-v_proj-f_a_proj-b_proj-g_proj.weight.normed'])  # models/kda_layer.py:67
-    linear_50_merged_0, linear_50_merged_1, linear_50_merged_2, linear_50_merged_3, linear_50_merged_4, linear_50_merged_5 = torch.split(linear_50_merged, [128, 128, 128, 32, 4, 128], dim=2)  # models/kda_layer.py:67
-    short_conv_9_0, short_conv_9_1 = short_conv(linear_50_merged_0, W['model.layers.4.self_attn.q_conv1d.weight.reshape'], layers_4_conv_q, 'silu')  # models/kda_layer.py:33
-    short_conv_10_0, short_conv_10_1 = short_conv(linear_50_merged_1, W['model.layers.4.self_attn.k_conv1d.weight.reshape'], layers_4_conv_k, 'silu')  # models/kda_layer.py:33
-    short_conv_11_0, short_conv_11_1 = short_conv(linear_50_merged_2, W['model.layers.4.self_attn.v_conv1d.weight.reshape'], layers_4_conv_v, 'silu')  # models/kda_layer.py:33
-    view_45 = short_conv_9_0.reshape((B, 1, 4, 32))  # models/kda_layer.py:70
-    mul_47 = l2norm(view_45, 1e-06)  # models/kda_layer.py:70
-    view_46 = short_conv_10_0.reshape((B, 1, 4, 32))  # models/kda_layer.py:70
-    mul_48 = l2norm(view_46, 1e-06)  # models/kda_layer.py:70
-    view_47 = short_conv_11_0.reshape((B, 1, 4, 32))  # models/kda_layer.py:71
-    linear_54 = F.linear(linear_50_merged_3, W['model.layers.4.self_attn.f_b_proj.weight'])  # models/kda_layer.py:72
-    view_48 = linear_54.reshape((B, 1, 4, 32))  # models/kda_layer.py:72
-    mul_50 = rt.broadcast(ew0, (B, 1, 4, 32), torch.float32, view_48, W['model.layers.4.self_attn.dt_bias.reshape'], W['model.layers.4.self_attn.A_log.exp.reshape'])  # models/kda_layer.py:76
-    sigmoid_21 = rt.elementwise(ew1, (B, 1, 4), torch.float32, linear_50_merged_4)  # models/kda_layer.py:77
-    kda_3_0, kda_3_1 = rt.kda(mul_47, mul_48, view_47, mul_50, sigmoid_21, layers_4_S, 0.1767766952966369)  # models/kda_layer.py:81
-    view_51 = linear_50_merged_5.reshape((B, 1, 4, 32))  # models/kda_layer.py:83
-    mul_51 = gated_rmsnorm(kda_3_0, W['model.layers.4.self_attn.o_norm.weight'], view_51, 1e-05)  # models/kda_layer.py:83
-    reshape_7 = mul_51.reshape((B, 1, 128))  # models/kda_layer.py:84
-    linear_57 = F.linear(reshape_7, W['model.layers.4.self_attn.o_proj.weight'])  # models/kda_layer.py:84
+    rms_norm_16 = rms_norm(attn_res_mix_7, None, 1e-05)  # models/kda_layer.py:83
+    linear_50_merged = F.linear(rms_norm_16, W['model.layers.4.self_attn.q_proj-k_proj-v_proj-f_a_proj-b_proj-g_proj.weight.normed'])  # models/kda_layer.py:83
+    linear_50_merged_0, linear_50_merged_1, linear_50_merged_2, linear_50_merged_3, linear_50_merged_4, linear_50_merged_5 = torch.split(linear_50_merged, [128, 128, 128, 32, 4, 128], dim=2)  # models/kda_layer.py:83
+    short_conv_9_0, short_conv_9_1 = short_conv(linear_50_merged_0, W['model.layers.4.self_attn.q_conv1d.weight.reshape'], layers_4_conv_q, 'silu')  # models/kda_layer.py:37
+    short_conv_10_0, short_conv_10_1 = short_conv(linear_50_merged_1, W['model.layers.4.self_attn.k_conv1d.weight.reshape'], layers_4_conv_k, 'silu')  # models/kda_layer.py:37
+    short_conv_11_0, short_conv_11_1 = short_conv(linear_50_merged_2, W['model.layers.4.self_attn.v_conv1d.weight.reshape'], layers_4_conv_v, 'silu')  # models/kda_layer.py:37
+    view_45 = short_conv_9_0.reshape((B, 1, 4, 32))  # models/kda_layer.py:86
+    mul_47 = l2norm(view_45, 1e-06)  # models/kda_layer.py:86
+    view_46 = short_conv_10_0.reshape((B, 1, 4, 32))  # models/kda_layer.py:86
+    mul_48 = l2norm(view_46, 1e-06)  # models/kda_layer.py:86
+    view_47 = short_conv_11_0.reshape((B, 1, 4, 32))  # models/kda_layer.py:87
+    linear_54 = F.linear(linear_50_merged_3, W['model.layers.4.self_attn.f_b_proj.weight'])  # models/kda_layer.py:88
+    view_48 = linear_54.reshape((B, 1, 4, 32))  # models/kda_layer.py:88
+    mul_50 = rt.broadcast(ew0, (B, 1, 4, 32), torch.float32, view_48, W['model.layers.4.self_attn.dt_bias.reshape'], W['model.layers.4.self_attn.A_log.exp.reshape'])  # models/kda_layer.py:92
+    sigmoid_21 = rt.elementwise(ew1, (B, 1, 4), torch.float32, linear_50_merged_4)  # models/kda_layer.py:93
+    kda_3_0, kda_3_1 = rt.kda(mul_47, mul_48, view_47, mul_50, sigmoid_21, layers_4_S, 0.1767766952966369)  # models/kda_layer.py:99
+    view_51 = linear_50_merged_5.reshape((B, 1, 4, 32))  # models/kda_layer.py:101
+    mul_51 = gated_rmsnorm(kda_3_0, W['model.layers.4.self_attn.o_norm.weight'], view_51, 1e-05)  # models/kda_layer.py:101
+    reshape_7 = mul_51.reshape((B, 1, 128))  # models/kda_layer.py:102
+    linear_57 = F.linear(reshape_7, W['model.layers.4.self_attn.o_proj.weight'])  # models/kda_layer.py:102
     add_27 = rt.elementwise(ew2, (B, 1, 256), torch.float32, add_23, linear_57)
     stack_8 = torch.stack([embedding, add_19, add_27], dim=0)
     attn_res_mix_8 = attn_res_mix(stack_8, W['model.layers.4.mlp_res_proj.weight.reshape'], W['model.layers.4.mlp_res_norm.weight'], 1e-05)
-    rms_norm_18 = rms_norm(attn_res_mix_8, W['model.layers.4.post_attention_layernorm.weight'], 1e-05)  # models/common.py:31
+    rms_norm_18 = rms_norm(attn_res_mix_8, W['model.layers.4.post_attention_layernorm.weight'], 1e-05)  # models/common.py:34
     reshape_8 = rms_norm_18.reshape((B, 256))  # models/moe_layer.py:95
     linear_58_merged = F.linear(reshape_8, W['model.layers.4.block_sparse_moe.gate-routed_expert_down_proj.weight'])  # models/moe_layer.py:96
     linear_58_merged_0, linear_58_merged_1 = torch.split(linear_58_merged, [8, 128], dim=1)  # models/moe_layer.py:96
     sigmoid_23 = rt.elementwise(ew1, (B, 8), torch.float32, linear_58_merged_0)  # models/moe_layer.py:96
     add_28 = rt.broadcast(ew3, (B, 8), torch.float32, sigmoid_23, W['model.layers.4.block_sparse_moe.gate.e_score_correction_bias'])  # models/moe_layer.py:97
-    topk_3_0, topk_3_1 = torch.topk(add_28, 2, dim=1)  # models/moe_layer.py:97
+    topk_3_0, topk_3_1 = topk(add_28, 2, -1)  # models/moe_layer.py:97
     gather_3 = torch.gather(sigmoid_23, 1, topk_3_1)  # models/moe_layer.py:98
     sum_12 = gather_3.sum(dim=(1,), keepdim=True)  # models/moe_layer.py:100
     div_17 = rt.broadcast(ew4, (B, 2), torch.float32, sum_12, gather_3)  # models/moe_layer.py:100
     moe_experts_4 = moe_experts(linear_58_merged_1, W['model.layers.4.block_sparse_moe.experts.w13'], W['model.layers.4.block_sparse_moe.experts.w2'], topk_3_1, div_17, 'situ', 4.0, 25.0)  # models/moe_layer.py:113
     rms_norm_19 = rms_norm(moe_experts_4, None, 1e-05)  # models/moe_layer.py:117
     linear_60 = F.linear(rms_norm_19, W['model.layers.4.block_sparse_moe.routed_expert_up_proj.weight.normed'])  # models/moe_layer.py:117
-    gated_mlp_4 = gated_mlp(reshape_8, W['model.layers.4.block_sparse_moe.shared_experts.gate_up_proj.weight'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:47
-    linear_63 = F.linear(gated_mlp_4, W['model.layers.4.block_sparse_moe.shared_experts.down_proj.weight'])  # models/common.py:47
+    gated_mlp_4 = gated_mlp(reshape_8, W['model.layers.4.block_sparse_moe.shared_experts.gate_up_proj.weight'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:50
+    linear_63 = F.linear(gated_mlp_4, W['model.layers.4.block_sparse_moe.shared_experts.down_proj.weight'])  # models/common.py:50
     add_30 = rt.elementwise(ew2, (B, 256), torch.float32, linear_60, linear_63)  # models/moe_layer.py:119
     view_53 = add_30.reshape((B, 1, 256))  # models/moe_layer.py:120
     add_31 = rt.elementwise(ew2, (B, 1, 256), torch.float32, add_27, view_53)
     stack_9 = torch.stack([embedding, add_19, add_31], dim=0)
     attn_res_mix_9 = attn_res_mix(stack_9, W['model.layers.5.self_attention_res_proj.weight.reshape'], W['model.layers.5.self_attention_res_norm.weight'], 1e-05)
-    rms_norm_20 = rms_norm(attn_res_mix_9, None, 1e-05)  # models/kda_layer.py:67
-    linear_64_merged = F.linear(rms_norm_20, W['model.layers.5.self_attn.q_proj-k_proj-v_proj-f_a_proj-b_proj-g_proj.weight.normed'])  # models/kda_layer.py:67
-    linear_64_merged_0, linear_64_merged_1, linear_64_merged_2, linear_64_merged_3, linear_64_merged_4, linear_64_merged_5 = torch.split(linear_64_merged, [128, 128, 128, 32, 4, 128], dim=2)  # models/kda_layer.py:67
-    short_conv_12_0, short_conv_12_1 = short_conv(linear_64_merged_0, W['model.layers.5.self_attn.q_conv1d.weight.reshape'], layers_5_conv_q, 'silu')  # models/kda_layer.py:33
-    short_conv_13_0, short_conv_13_1 = short_conv(linear_64_merged_1, W['model.layers.5.self_attn.k_conv1d.weight.reshape'], layers_5_conv_k, 'silu')  # models/kda_layer.py:33
-    short_conv_14_0, short_conv_14_1 = short_conv(linear_64_merged_2, W['model.layers.5.self_attn.v_conv1d.weight.reshape'], layers_5_conv_v, 'silu')  # models/kda_layer.py:33
-    view_58 = short_conv_12_0.reshape((B, 1, 4, 32))  # models/kda_layer.py:70
-    mul_61 = l2norm(view_58, 1e-06)  # models/kda_layer.py:70
-    view_59 = short_conv_13_0.reshape((B, 1, 4, 32))  # models/kda_layer.py:70
-    mul_62 = l2norm(view_59, 1e-06)  # models/kda_layer.py:70
-    view_60 = short_conv_14_0.reshape((B, 1, 4, 32))  # models/kda_layer.py:71
-    linear_68 = F.linear(linear_64_merged_3, W['model.layers.5.self_attn.f_b_proj.weight'])  # models/kda_layer.py:72
-    view_61 = linear_68.reshape((B, 1, 4, 32))  # models/kda_layer.py:72
-    mul_64 = rt.broadcast(ew0, (B, 1, 4, 32), torch.float32, view_61, W['model.layers.5.self_attn.dt_bias.reshape'], W['model.layers.5.self_attn.A_log.exp.reshape'])  # models/kda_layer.py:76
-    sigmoid_27 = rt.elementwise(ew1, (B, 1, 4), torch.float32, linear_64_merged_4)  # models/kda_layer.py:77
-    kda_4_0, kda_4_1 = rt.kda(mul_61, mul_62, view_60, mul_64, sigmoid_27, layers_5_S, 0.1767766952966369)  # models/kda_layer.py:81
-    view_64 = linear_64_merged_5.reshape((B, 1, 4, 32))  # models/kda_layer.py:83
-    mul_65 = gated_rmsnorm(kda_4_0, W['model.layers.5.self_attn.o_norm.weight'], view_64, 1e-05)  # models/kda_layer.py:83
-    reshape_9 = mul_65.reshape((B, 1, 128))  # models/kda_layer.py:84
-    linear_71 = F.linear(reshape_9, W['model.layers.5.self_attn.o_proj.weight'])  # models/kda_layer.py:84
+    rms_norm_20 = rms_norm(attn_res_mix_9, None, 1e-05)  # models/kda_layer.py:83
+    linear_64_merged = F.linear(rms_norm_20, W['model.layers.5.self_attn.q_proj-k_proj-v_proj-f_a_proj-b_proj-g_proj.weight.normed'])  # models/kda_layer.py:83
+    linear_64_merged_0, linear_64_merged_1, linear_64_merged_2, linear_64_merged_3, linear_64_merged_4, linear_64_merged_5 = torch.split(linear_64_merged, [128, 128, 128, 32, 4, 128], dim=2)  # models/kda_layer.py:83
+    short_conv_12_0, short_conv_12_1 = short_conv(linear_64_merged_0, W['model.layers.5.self_attn.q_conv1d.weight.reshape'], layers_5_conv_q, 'silu')  # models/kda_layer.py:37
+    short_conv_13_0, short_conv_13_1 = short_conv(linear_64_merged_1, W['model.layers.5.self_attn.k_conv1d.weight.reshape'], layers_5_conv_k, 'silu')  # models/kda_layer.py:37
+    short_conv_14_0, short_conv_14_1 = short_conv(linear_64_merged_2, W['model.layers.5.self_attn.v_conv1d.weight.reshape'], layers_5_conv_v, 'silu')  # models/kda_layer.py:37
+    view_58 = short_conv_12_0.reshape((B, 1, 4, 32))  # models/kda_layer.py:86
+    mul_61 = l2norm(view_58, 1e-06)  # models/kda_layer.py:86
+    view_59 = short_conv_13_0.reshape((B, 1, 4, 32))  # models/kda_layer.py:86
+    mul_62 = l2norm(view_59, 1e-06)  # models/kda_layer.py:86
+    view_60 = short_conv_14_0.reshape((B, 1, 4, 32))  # models/kda_layer.py:87
+    linear_68 = F.linear(linear_64_merged_3, W['model.layers.5.self_attn.f_b_proj.weight'])  # models/kda_layer.py:88
+    view_61 = linear_68.reshape((B, 1, 4, 32))  # models/kda_layer.py:88
+    mul_64 = rt.broadcast(ew0, (B, 1, 4, 32), torch.float32, view_61, W['model.layers.5.self_attn.dt_bias.reshape'], W['model.layers.5.self_attn.A_log.exp.reshape'])  # models/kda_layer.py:92
+    sigmoid_27 = rt.elementwise(ew1, (B, 1, 4), torch.float32, linear_64_merged_4)  # models/kda_layer.py:93
+    kda_4_0, kda_4_1 = rt.kda(mul_61, mul_62, view_60, mul_64, sigmoid_27, layers_5_S, 0.1767766952966369)  # models/kda_layer.py:99
+    view_64 = linear_64_merged_5.reshape((B, 1, 4, 32))  # models/kda_layer.py:101
+    mul_65 = gated_rmsnorm(kda_4_0, W['model.layers.5.self_attn.o_norm.weight'], view_64, 1e-05)  # models/kda_layer.py:101
+    reshape_9 = mul_65.reshape((B, 1, 128))  # models/kda_layer.py:102
+    linear_71 = F.linear(reshape_9, W['model.layers.5.self_attn.o_proj.weight'])  # models/kda_layer.py:102
     add_35 = rt.elementwise(ew2, (B, 1, 256), torch.float32, add_31, linear_71)
     stack_10 = torch.stack([embedding, add_19, add_35], dim=0)
     attn_res_mix_10 = attn_res_mix(stack_10, W['model.layers.5.mlp_res_proj.weight.reshape'], W['model.layers.5.mlp_res_norm.weight'], 1e-05)
-    rms_norm_22 = rms_norm(attn_res_mix_10, W['model.layers.5.post_attention_layernorm.weight'], 1e-05)  # models/common.py:31
+    rms_norm_22 = rms_norm(attn_res_mix_10, W['model.layers.5.post_attention_layernorm.weight'], 1e-05)  # models/common.py:34
     reshape_10 = rms_norm_22.reshape((B, 256))  # models/moe_layer.py:95
     linear_72_merged = F.linear(reshape_10, W['model.layers.5.block_sparse_moe.gate-routed_expert_down_proj.weight'])  # models/moe_layer.py:96
     linear_72_merged_0, linear_72_merged_1 = torch.split(linear_72_merged, [8, 128], dim=1)  # models/moe_layer.py:96
     sigmoid_29 = rt.elementwise(ew1, (B, 8), torch.float32, linear_72_merged_0)  # models/moe_layer.py:96
     add_36 = rt.broadcast(ew3, (B, 8), torch.float32, sigmoid_29, W['model.layers.5.block_sparse_moe.gate.e_score_correction_bias'])  # models/moe_layer.py:97
-    topk_4_0, topk_4_1 = torch.topk(add_36, 2, dim=1)  # models/moe_layer.py:97
+    topk_4_0, topk_4_1 = topk(add_36, 2, -1)  # models/moe_layer.py:97
     gather_4 = torch.gather(sigmoid_29, 1, topk_4_1)  # models/moe_layer.py:98
     sum_15 = gather_4.sum(dim=(1,), keepdim=True)  # models/moe_layer.py:100
     div_22 = rt.broadcast(ew4, (B, 2), torch.float32, sum_15, gather_4)  # models/moe_layer.py:100
     moe_experts_3 = moe_experts(linear_72_merged_1, W['model.layers.5.block_sparse_moe.experts.w13'], W['model.layers.5.block_sparse_moe.experts.w2'], topk_4_1, div_22, 'situ', 4.0, 25.0)  # models/moe_layer.py:113
     rms_norm_23 = rms_norm(moe_experts_3, None, 1e-05)  # models/moe_layer.py:117
     linear_74 = F.linear(rms_norm_23, W['model.layers.5.block_sparse_moe.routed_expert_up_proj.weight.normed'])  # models/moe_layer.py:117
-    gated_mlp_3 = gated_mlp(reshape_10, W['model.layers.5.block_sparse_moe.shared_experts.gate_up_proj.weight'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:47
-    linear_77 = F.linear(gated_mlp_3, W['model.layers.5.block_sparse_moe.shared_experts.down_proj.weight'])  # models/common.py:47
+    gated_mlp_3 = gated_mlp(reshape_10, W['model.layers.5.block_sparse_moe.shared_experts.gate_up_proj.weight'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:50
+    linear_77 = F.linear(gated_mlp_3, W['model.layers.5.block_sparse_moe.shared_experts.down_proj.weight'])  # models/common.py:50
     add_38 = rt.elementwise(ew2, (B, 256), torch.float32, linear_74, linear_77)  # models/moe_layer.py:119
     view_66 = add_38.reshape((B, 1, 256))  # models/moe_layer.py:120
     add_39 = rt.elementwise(ew2, (B, 1, 256), torch.float32, add_35, view_66)
     stack_11 = torch.stack([embedding, add_19, add_39], dim=0)
     attn_res_mix_11 = attn_res_mix(stack_11, W['model.layers.6.self_attention_res_proj.weight.reshape'], W['model.layers.6.self_attention_res_norm.weight'], 1e-05)
-    rms_norm_24 = rms_norm(attn_res_mix_11, None, 1e-05)  # models/kda_layer.py:67
-    linear_78_merged = F.linear(rms_norm_24, W['model.layers.6.self_attn.q_proj-k_proj-v_proj-f_a_proj-b_proj-g_proj.weight.normed'])  # models/kda_layer.py:67
-    linear_78_merged_0, linear_78_merged_1, linear_78_merged_2, linear_78_merged_3, linear_78_merged_4, linear_78_merged_5 = torch.split(linear_78_merged, [128, 128, 128, 32, 4, 128], dim=2)  # models/kda_layer.py:67
-    short_conv_15_0, short_conv_15_1 = short_conv(linear_78_merged_0, W['model.layers.6.self_attn.q_conv1d.weight.reshape'], layers_6_conv_q, 'silu')  # models/kda_layer.py:33
-    short_conv_16_0, short_conv_16_1 = short_conv(linear_78_merged_1, W['model.layers.6.self_attn.k_conv1d.weight.reshape'], layers_6_conv_k, 'silu')  # models/kda_layer.py:33
-    short_conv_17_0, short_conv_17_1 = short_conv(linear_78_merged_2, W['model.layers.6.self_attn.v_conv1d.weight.reshape'], layers_6_conv_v, 'silu')  # models/kda_layer.py:33
-    view_71 = short_conv_15_0.reshape((B, 1, 4, 32))  # models/kda_layer.py:70
-    mul_75 = l2norm(view_71, 1e-06)  # models/kda_layer.py:70
-    view_72 = short_conv_16_0.reshape((B, 1, 4, 32))  # models/kda_layer.py:70
-    mul_76 = l2norm(view_72, 1e-06)  # models/kda_layer.py:70
-    view_73 = short_conv_17_0.reshape((B, 1, 4, 32))  # models/kda_layer.py:71
-    linear_82 = F.linear(linear_78_merged_3, W['model.layers.6.self_attn.f_b_proj.weight'])  # models/kda_layer.py:72
-    view_74 = linear_82.reshape((B, 1, 4, 32))  # models/kda_layer.py:72
-    mul_78 = rt.broadcast(ew0, (B, 1, 4, 32), torch.float32, view_74, W['model.layers.6.self_attn.dt_bias.reshape'], W['model.layers.6.self_attn.A_log.exp.reshape'])  # models/kda_layer.py:76
-    sigmoid_33 = rt.elementwise(ew1, (B, 1, 4), torch.float32, linear_78_merged_4)  # models/kda_layer.py:77
-    kda_5_0, kda_5_1 = rt.kda(mul_75, mul_76, view_73, mul_78, sigmoid_33, layers_6_S, 0.1767766952966369)  # models/kda_layer.py:81
-    view_77 = linear_78_merged_5.reshape((B, 1, 4, 32))  # models/kda_layer.py:83
-    mul_79 = gated_rmsnorm(kda_5_0, W['model.layers.6.self_attn.o_norm.weight'], view_77, 1e-05)  # models/kda_layer.py:83
-    reshape_11 = mul_79.reshape((B, 1, 128))  # models/kda_layer.py:84
-    linear_85 = F.linear(reshape_11, W['model.layers.6.self_attn.o_proj.weight'])  # models/kda_layer.py:84
+    rms_norm_24 = rms_norm(attn_res_mix_11, None, 1e-05)  # models/kda_layer.py:83
+    linear_78_merged = F.linear(rms_norm_24, W['model.layers.6.self_attn.q_proj-k_proj-v_proj-f_a_proj-b_proj-g_proj.weight.normed'])  # models/kda_layer.py:83
+    linear_78_merged_0, linear_78_merged_1, linear_78_merged_2, linear_78_merged_3, linear_78_merged_4, linear_78_merged_5 = torch.split(linear_78_merged, [128, 128, 128, 32, 4, 128], dim=2)  # models/kda_layer.py:83
+    short_conv_15_0, short_conv_15_1 = short_conv(linear_78_merged_0, W['model.layers.6.self_attn.q_conv1d.weight.reshape'], layers_6_conv_q, 'silu')  # models/kda_layer.py:37
+    short_conv_16_0, short_conv_16_1 = short_conv(linear_78_merged_1, W['model.layers.6.self_attn.k_conv1d.weight.reshape'], layers_6_conv_k, 'silu')  # models/kda_layer.py:37
+    short_conv_17_0, short_conv_17_1 = short_conv(linear_78_merged_2, W['model.layers.6.self_attn.v_conv1d.weight.reshape'], layers_6_conv_v, 'silu')  # models/kda_layer.py:37
+    view_71 = short_conv_15_0.reshape((B, 1, 4, 32))  # models/kda_layer.py:86
+    mul_75 = l2norm(view_71, 1e-06)  # models/kda_layer.py:86
+    view_72 = short_conv_16_0.reshape((B, 1, 4, 32))  # models/kda_layer.py:86
+    mul_76 = l2norm(view_72, 1e-06)  # models/kda_layer.py:86
+    view_73 = short_conv_17_0.reshape((B, 1, 4, 32))  # models/kda_layer.py:87
+    linear_82 = F.linear(linear_78_merged_3, W['model.layers.6.self_attn.f_b_proj.weight'])  # models/kda_layer.py:88
+    view_74 = linear_82.reshape((B, 1, 4, 32))  # models/kda_layer.py:88
+    mul_78 = rt.broadcast(ew0, (B, 1, 4, 32), torch.float32, view_74, W['model.layers.6.self_attn.dt_bias.reshape'], W['model.layers.6.self_attn.A_log.exp.reshape'])  # models/kda_layer.py:92
+    sigmoid_33 = rt.elementwise(ew1, (B, 1, 4), torch.float32, linear_78_merged_4)  # models/kda_layer.py:93
+    kda_5_0, kda_5_1 = rt.kda(mul_75, mul_76, view_73, mul_78, sigmoid_33, layers_6_S, 0.1767766952966369)  # models/kda_layer.py:99
+    view_77 = linear_78_merged_5.reshape((B, 1, 4, 32))  # models/kda_layer.py:101
+    mul_79 = gated_rmsnorm(kda_5_0, W['model.layers.6.self_attn.o_norm.weight'], view_77, 1e-05)  # models/kda_layer.py:101
+    reshape_11 = mul_79.reshape((B, 1, 128))  # models/kda_layer.py:102
+    linear_85 = F.linear(reshape_11, W['model.layers.6.self_attn.o_proj.weight'])  # models/kda_layer.py:102
     stack_12 = torch.stack([embedding, add_19, add_39, linear_85], dim=0)
     attn_res_mix_12 = attn_res_mix(stack_12, W['model.layers.6.mlp_res_proj.weight.reshape'], W['model.layers.6.mlp_res_norm.weight'], 1e-05)
-    rms_norm_26 = rms_norm(attn_res_mix_12, W['model.layers.6.post_attention_layernorm.weight'], 1e-05)  # models/common.py:31
+    rms_norm_26 = rms_norm(attn_res_mix_12, W['model.layers.6.post_attention_layernorm.weight'], 1e-05)  # models/common.py:34
     reshape_12 = rms_norm_26.reshape((B, 256))  # models/moe_layer.py:95
     linear_86_merged = F.linear(reshape_12, W['model.layers.6.block_sparse_moe.gate-routed_expert_down_proj.weight'])  # models/moe_layer.py:96
     linear_86_merged_0, linear_86_merged_1 = torch.split(linear_86_merged, [8, 128], dim=1)  # models/moe_layer.py:96
     sigmoid_35 = rt.elementwise(ew1, (B, 8), torch.float32, linear_86_merged_0)  # models/moe_layer.py:96
     add_43 = rt.broadcast(ew3, (B, 8), torch.float32, sigmoid_35, W['model.layers.6.block_sparse_moe.gate.e_score_correction_bias'])  # models/moe_layer.py:97
-    topk_5_0, topk_5_1 = torch.topk(add_43, 2, dim=1)  # models/moe_layer.py:97
+    topk_5_0, topk_5_1 = topk(add_43, 2, -1)  # models/moe_layer.py:97
     gather_5 = torch.gather(sigmoid_35, 1, topk_5_1)  # models/moe_layer.py:98
     sum_18 = gather_5.sum(dim=(1,), keepdim=True)  # models/moe_layer.py:100
     div_27 = rt.broadcast(ew4, (B, 2), torch.float32, sum_18, gather_5)  # models/moe_layer.py:100
     moe_experts_2 = moe_experts(linear_86_merged_1, W['model.layers.6.block_sparse_moe.experts.w13'], W['model.layers.6.block_sparse_moe.experts.w2'], topk_5_1, div_27, 'situ', 4.0, 25.0)  # models/moe_layer.py:113
     rms_norm_27 = rms_norm(moe_experts_2, None, 1e-05)  # models/moe_layer.py:117
     linear_88 = F.linear(rms_norm_27, W['model.layers.6.block_sparse_moe.routed_expert_up_proj.weight.normed'])  # models/moe_layer.py:117
-    gated_mlp_2 = gated_mlp(reshape_12, W['model.layers.6.block_sparse_moe.shared_experts.gate_up_proj.weight'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:47
-    linear_91 = F.linear(gated_mlp_2, W['model.layers.6.block_sparse_moe.shared_experts.down_proj.weight'])  # models/common.py:47
+    gated_mlp_2 = gated_mlp(reshape_12, W['model.layers.6.block_sparse_moe.shared_experts.gate_up_proj.weight'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:50
+    linear_91 = F.linear(gated_mlp_2, W['model.layers.6.block_sparse_moe.shared_experts.down_proj.weight'])  # models/common.py:50
     add_45 = rt.elementwise(ew2, (B, 256), torch.float32, linear_88, linear_91)  # models/moe_layer.py:119
     view_79 = add_45.reshape((B, 1, 256))  # models/moe_layer.py:120
     add_46 = rt.elementwise(ew2, (B, 1, 256), torch.float32, linear_85, view_79)
     stack_13 = torch.stack([embedding, add_19, add_39, add_46], dim=0)
     attn_res_mix_13 = attn_res_mix(stack_13, W['model.layers.7.self_attention_res_proj.weight.reshape'], W['model.layers.7.self_attention_res_norm.weight'], 1e-05)
-    rms_norm_28 = rms_norm(attn_res_mix_13, None, 1e-05)  # models/mla_layer.py:48
-    linear_92_merged = F.linear(rms_norm_28, W['model.layers.7.self_attn.q_a_proj-kv_a_proj_with_mqa-g_proj.weight.normed'])  # models/mla_layer.py:48
-    linear_92_merged_0, linear_92_merged_1, linear_92_merged_2 = torch.split(linear_92_merged, [64, 48, 128], dim=2)  # models/mla_layer.py:48
-    rms_norm_29 = rms_norm(linear_92_merged_0, None, 1e-06)  # models/mla_layer.py:48
-    linear_93 = F.linear(rms_norm_29, W['model.layers.7.self_attn.q_b_proj.weight.normed'])  # models/mla_layer.py:48
-    view_81 = linear_93.reshape((B, 1, 4, 48))  # models/mla_layer.py:49
-    split_with_sizes_1_0, split_with_sizes_1_1 = torch.split(linear_92_merged_1, [32, 16], dim=2)  # models/mla_layer.py:50
-    rms_norm_30 = rms_norm(split_with_sizes_1_0, W['model.layers.7.self_attn.kv_a_layernorm.weight'], 1e-06)  # models/common.py:31
-    cat_2 = torch.cat([layers_7_ckv, rms_norm_30], dim=1)  # models/mla_layer.py:53
-    cat_3 = torch.cat([layers_7_krope, split_with_sizes_1_1], dim=1)  # models/mla_layer.py:54
-    mla_attention_1 = mla_attention_absorbed(view_81, cat_2, cat_3, W['model.layers.7.self_attn.kv_b_proj.w_uk'], W['model.layers.7.self_attn.kv_b_proj.w_uv'], 0.14433756729740643)  # models/mla_layer.py:55
-    reshape_13 = mla_attention_1.reshape((B, 1, 128))  # models/mla_layer.py:56
-    mul_89 = rt.elementwise(ew5, (B, 1, 128), torch.float32, linear_92_merged_2, reshape_13)  # models/mla_layer.py:58
-    linear_96 = F.linear(mul_89, W['model.layers.7.self_attn.o_proj.weight'])  # models/mla_layer.py:59
+    rms_norm_28 = rms_norm(attn_res_mix_13, None, 1e-05)  # models/mla_layer.py:51
+    linear_92_merged = F.linear(rms_norm_28, W['model.layers.7.self_attn.q_a_proj-kv_a_proj_with_mqa-g_proj.weight.normed'])  # models/mla_layer.py:51
+    linear_92_merged_0, linear_92_merged_1, linear_92_merged_2 = torch.split(linear_92_merged, [64, 48, 128], dim=2)  # models/mla_layer.py:51
+    rms_norm_29 = rms_norm(linear_92_merged_0, None, 1e-06)  # models/mla_layer.py:51
+    linear_93 = F.linear(rms_norm_29, W['model.layers.7.self_attn.q_b_proj.weight.normed'])  # models/mla_layer.py:51
+    view_81 = linear_93.reshape((B, 1, 4, 48))  # models/mla_layer.py:52
+    split_with_sizes_1_0, split_with_sizes_1_1 = torch.split(linear_92_merged_1, [32, 16], dim=2)  # models/mla_layer.py:53
+    rms_norm_30 = rms_norm(split_with_sizes_1_0, W['model.layers.7.self_attn.kv_a_layernorm.weight'], 1e-06)  # models/common.py:34
+    cat_2 = torch.cat([layers_7_ckv, rms_norm_30], dim=1)  # models/mla_layer.py:62
+    cat_3 = torch.cat([layers_7_krope, split_with_sizes_1_1], dim=1)  # models/mla_layer.py:63
+    mla_attention_1 = mla_attention_absorbed(view_81, cat_2, cat_3, W['model.layers.7.self_attn.kv_b_proj.w_uk'], W['model.layers.7.self_attn.kv_b_proj.w_uv'], 0.14433756729740643)  # models/mla_layer.py:66
+    reshape_13 = mla_attention_1.reshape((B, 1, 128))  # models/mla_layer.py:69
+    mul_89 = rt.elementwise(ew5, (B, 1, 128), torch.float32, linear_92_merged_2, reshape_13)  # models/mla_layer.py:71
+    linear_96 = F.linear(mul_89, W['model.layers.7.self_attn.o_proj.weight'])  # models/mla_layer.py:72
     add_47 = rt.elementwise(ew2, (B, 1, 256), torch.float32, add_46, linear_96)
     stack_14 = torch.stack([embedding, add_19, add_39, add_47], dim=0)
     attn_res_mix_14 = attn_res_mix(stack_14, W['model.layers.7.mlp_res_proj.weight.reshape'], W['model.layers.7.mlp_res_norm.weight'], 1e-05)
-    rms_norm_31 = rms_norm(attn_res_mix_14, W['model.layers.7.post_attention_layernorm.weight'], 1e-05)  # models/common.py:31
+    rms_norm_31 = rms_norm(attn_res_mix_14, W['model.layers.7.post_attention_layernorm.weight'], 1e-05)  # models/common.py:34
     reshape_14 = rms_norm_31.reshape((B, 256))  # models/moe_layer.py:95
     linear_97_merged = F.linear(reshape_14, W['model.layers.7.block_sparse_moe.gate-routed_expert_down_proj.weight'])  # models/moe_layer.py:96
     linear_97_merged_0, linear_97_merged_1 = torch.split(linear_97_merged, [8, 128], dim=1)  # models/moe_layer.py:96
     sigmoid_39 = rt.elementwise(ew1, (B, 8), torch.float32, linear_97_merged_0)  # models/moe_layer.py:96
     add_48 = rt.broadcast(ew3, (B, 8), torch.float32, sigmoid_39, W['model.layers.7.block_sparse_moe.gate.e_score_correction_bias'])  # models/moe_layer.py:97
-    topk_6_0, topk_6_1 = torch.topk(add_48, 2, dim=1)  # models/moe_layer.py:97
+    topk_6_0, topk_6_1 = topk(add_48, 2, -1)  # models/moe_layer.py:97
     gather_6 = torch.gather(sigmoid_39, 1, topk_6_1)  # models/moe_layer.py:98
     sum_19 = gather_6.sum(dim=(1,), keepdim=True)  # models/moe_layer.py:100
     div_32 = rt.broadcast(ew4, (B, 2), torch.float32, sum_19, gather_6)  # models/moe_layer.py:100
     moe_experts_1 = moe_experts(linear_97_merged_1, W['model.layers.7.block_sparse_moe.experts.w13'], W['model.layers.7.block_sparse_moe.experts.w2'], topk_6_1, div_32, 'situ', 4.0, 25.0)  # models/moe_layer.py:113
     rms_norm_32 = rms_norm(moe_experts_1, None, 1e-05)  # models/moe_layer.py:117
     linear_99 = F.linear(rms_norm_32, W['model.layers.7.block_sparse_moe.routed_expert_up_proj.weight.normed'])  # models/moe_layer.py:117
-    gated_mlp_1 = gated_mlp(reshape_14, W['model.layers.7.block_sparse_moe.shared_experts.gate_up_proj.weight'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:47
-    linear_102 = F.linear(gated_mlp_1, W['model.layers.7.block_sparse_moe.shared_experts.down_proj.weight'])  # models/common.py:47
+    gated_mlp_1 = gated_mlp(reshape_14, W['model.layers.7.block_sparse_moe.shared_experts.gate_up_proj.weight'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:50
+    linear_102 = F.linear(gated_mlp_1, W['model.layers.7.block_sparse_moe.shared_experts.down_proj.weight'])  # models/common.py:50
     add_50 = rt.elementwise(ew2, (B, 256), torch.float32, linear_99, linear_102)  # models/moe_layer.py:119
     view_83 = add_50.reshape((B, 1, 256))  # models/moe_layer.py:120
     add_51 = rt.elementwise(ew2, (B, 1, 256), torch.float32, add_47, view_83)
     stack_15 = torch.stack([embedding, add_19, add_39, add_51], dim=0)
     attn_res_mix_15 = attn_res_mix(stack_15, W['model.layers.8.self_attention_res_proj.weight.reshape'], W['model.layers.8.self_attention_res_norm.weight'], 1e-05)
-    rms_norm_33 = rms_norm(attn_res_mix_15, None, 1e-05)  # models/mla_layer.py:48
-    linear_103_merged = F.linear(rms_norm_33, W['model.layers.8.self_attn.q_a_proj-kv_a_proj_with_mqa-g_proj.weight.normed'])  # models/mla_layer.py:48
-    linear_103_merged_0, linear_103_merged_1, linear_103_merged_2 = torch.split(linear_103_merged, [64, 48, 128], dim=2)  # models/mla_layer.py:48
-    rms_norm_34 = rms_norm(linear_103_merged_0, None, 1e-06)  # models/mla_layer.py:48
-    linear_104 = F.linear(rms_norm_34, W['model.layers.8.self_attn.q_b_proj.weight.normed'])  # models/mla_layer.py:48
-    view_85 = linear_104.reshape((B, 1, 4, 48))  # models/mla_layer.py:49
-    split_with_sizes_2_0, split_with_sizes_2_1 = torch.split(linear_103_merged_1, [32, 16], dim=2)  # models/mla_layer.py:50
-    rms_norm_35 = rms_norm(split_with_sizes_2_0, W['model.layers.8.self_attn.kv_a_layernorm.weight'], 1e-06)  # models/common.py:31
-    cat_4 = torch.cat([layers_8_ckv, rms_norm_35], dim=1)  # models/mla_layer.py:53
-    cat_5 = torch.cat([layers_8_krope, split_with_sizes_2_1], dim=1)  # models/mla_layer.py:54
-    mla_attention_2 = mla_attention_absorbed(view_85, cat_4, cat_5, W['model.layers.8.self_attn.kv_b_proj.w_uk'], W['model.layers.8.self_attn.kv_b_proj.w_uv'], 0.14433756729740643)  # models/mla_layer.py:55
-    reshape_15 = mla_attention_2.reshape((B, 1, 128))  # models/mla_layer.py:56
-    mul_99 = rt.elementwise(ew5, (B, 1, 128), torch.float32, linear_103_merged_2, reshape_15)  # models/mla_layer.py:58
-    linear_107 = F.linear(mul_99, W['model.layers.8.self_attn.o_proj.weight'])  # models/mla_layer.py:59
+    rms_norm_33 = rms_norm(attn_res_mix_15, None, 1e-05)  # models/mla_layer.py:51
+    linear_103_merged = F.linear(rms_norm_33, W['model.layers.8.self_attn.q_a_proj-kv_a_proj_with_mqa-g_proj.weight.normed'])  # models/mla_layer.py:51
+    linear_103_merged_0, linear_103_merged_1, linear_103_merged_2 = torch.split(linear_103_merged, [64, 48, 128], dim=2)  # models/mla_layer.py:51
+    rms_norm_34 = rms_norm(linear_103_merged_0, None, 1e-06)  # models/mla_layer.py:51
+    linear_104 = F.linear(rms_norm_34, W['model.layers.8.self_attn.q_b_proj.weight.normed'])  # models/mla_layer.py:51
+    view_85 = linear_104.reshape((B, 1, 4, 48))  # models/mla_layer.py:52
+    split_with_sizes_2_0, split_with_sizes_2_1 = torch.split(linear_103_merged_1, [32, 16], dim=2)  # models/mla_layer.py:53
+    rms_norm_35 = rms_norm(split_with_sizes_2_0, W['model.layers.8.self_attn.kv_a_layernorm.weight'], 1e-06)  # models/common.py:34
+    cat_4 = torch.cat([layers_8_ckv, rms_norm_35], dim=1)  # models/mla_layer.py:62
+    cat_5 = torch.cat([layers_8_krope, split_with_sizes_2_1], dim=1)  # models/mla_layer.py:63
+    mla_attention_2 = mla_attention_absorbed(view_85, cat_4, cat_5, W['model.layers.8.self_attn.kv_b_proj.w_uk'], W['model.layers.8.self_attn.kv_b_proj.w_uv'], 0.14433756729740643)  # models/mla_layer.py:66
+    reshape_15 = mla_attention_2.reshape((B, 1, 128))  # models/mla_layer.py:69
+    mul_99 = rt.elementwise(ew5, (B, 1, 128), torch.float32, linear_103_merged_2, reshape_15)  # models/mla_layer.py:71
+    linear_107 = F.linear(mul_99, W['model.layers.8.self_attn.o_proj.weight'])  # models/mla_layer.py:72
     add_52 = rt.elementwise(ew2, (B, 1, 256), torch.float32, add_51, linear_107)
     stack_16 = torch.stack([embedding, add_19, add_39, add_52], dim=0)
     attn_res_mix_16 = attn_res_mix(stack_16, W['model.layers.8.mlp_res_proj.weight.reshape'], W['model.layers.8.mlp_res_norm.weight'], 1e-05)
-    rms_norm_36 = rms_norm(attn_res_mix_16, W['model.layers.8.post_attention_layernorm.weight'], 1e-05)  # models/common.py:31
+    rms_norm_36 = rms_norm(attn_res_mix_16, W['model.layers.8.post_attention_layernorm.weight'], 1e-05)  # models/common.py:34
     reshape_16 = rms_norm_36.reshape((B, 256))  # models/moe_layer.py:95
     linear_108_merged = F.linear(reshape_16, W['model.layers.8.block_sparse_moe.gate-routed_expert_down_proj.weight'])  # models/moe_layer.py:96
     linear_108_merged_0, linear_108_merged_1 = torch.split(linear_108_merged, [8, 128], dim=1)  # models/moe_layer.py:96
     sigmoid_43 = rt.elementwise(ew1, (B, 8), torch.float32, linear_108_merged_0)  # models/moe_layer.py:96
     add_53 = rt.broadcast(ew3, (B, 8), torch.float32, sigmoid_43, W['model.layers.8.block_sparse_moe.gate.e_score_correction_bias'])  # models/moe_layer.py:97
-    topk_7_0, topk_7_1 = torch.topk(add_53, 2, dim=1)  # models/moe_layer.py:97
+    topk_7_0, topk_7_1 = topk(add_53, 2, -1)  # models/moe_layer.py:97
     gather_7 = torch.gather(sigmoid_43, 1, topk_7_1)  # models/moe_layer.py:98
     sum_20 = gather_7.sum(dim=(1,), keepdim=True)  # models/moe_layer.py:100
     div_37 = rt.broadcast(ew4, (B, 2), torch.float32, sum_20, gather_7)  # models/moe_layer.py:100
     moe_experts_ = moe_experts(linear_108_merged_1, W['model.layers.8.block_sparse_moe.experts.w13'], W['model.layers.8.block_sparse_moe.experts.w2'], topk_7_1, div_37, 'situ', 4.0, 25.0)  # models/moe_layer.py:113
     rms_norm_37 = rms_norm(moe_experts_, None, 1e-05)  # models/moe_layer.py:117
     linear_110 = F.linear(rms_norm_37, W['model.layers.8.block_sparse_moe.routed_expert_up_proj.weight.normed'])  # models/moe_layer.py:117
-    gated_mlp_ = gated_mlp(reshape_16, W['model.layers.8.block_sparse_moe.shared_experts.gate_up_proj.weight'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:47
-    linear_113 = F.linear(gated_mlp_, W['model.layers.8.block_sparse_moe.shared_experts.down_proj.weight'])  # models/common.py:47
+    gated_mlp_ = gated_mlp(reshape_16, W['model.layers.8.block_sparse_moe.shared_experts.gate_up_proj.weight'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:50
+    linear_113 = F.linear(gated_mlp_, W['model.layers.8.block_sparse_moe.shared_experts.down_proj.weight'])  # models/common.py:50
     add_55 = rt.elementwise(ew2, (B, 256), torch.float32, linear_110, linear_113)  # models/moe_layer.py:119
     view_87 = add_55.reshape((B, 1, 256))  # models/moe_layer.py:120
     add_56 = rt.elementwise(ew2, (B, 1, 256), torch.float32, add_52, view_87)

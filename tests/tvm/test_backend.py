@@ -117,6 +117,7 @@ def test_runner_sizes_the_thread_pool_to_the_cpus(small, preset):
     assert threads == (int(preset) if preset else cpus)
 
 
+@pytest.mark.slow  # a CUDA build of the whole model: a minute here, and no GPU to run it
 def test_cuda_target_builds_k3_tiny(tvm_zoo, tmp_path):
     """Code generation for cuda needs no GPU: the library and its CUDA source are written."""
     model, graphs, _, _ = tvm_zoo("k3-tiny")

@@ -1,26 +1,12 @@
-"""Fixtures of the serving tests: artifacts of captured graphs, built once a module."""
+"""Fixtures of the serving tests: graphs captured with fixed caches, once a session."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
+from serving_testlib import CAPACITY
 
 import k3c
-from k3c.backends import artifact
-from k3c.compiler import CompiledModel, prepare
-
-
-def build(backend: str, graphs: dict, out: Path) -> CompiledModel:
-    """Lower `graphs` (as captured) for `backend` into `out` and load it, as k3c.compile does."""
-    be = k3c.backends.get(backend)
-    graphs = prepare(graphs, be)
-    artifact.write(be, graphs, out, force=True)
-    return CompiledModel(be.load(out), graphs, out, backend)
-
-
-CAPACITY = 305  # one cache capacity for every serving test: a model is captured once a session
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,7 @@ import copy
 
 import pytest
 import torch
-from conftest import CAPACITY, build
+from serving_testlib import CAPACITY, build
 
 from k3c.numerics import compare, model_tolerance
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import CAPACITY, build
+from serving_testlib import CAPACITY, build
 
 import k3c
 from k3c.generate import EagerRunner, generate

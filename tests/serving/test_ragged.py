@@ -9,9 +9,9 @@ import copy
 
 import pytest
 import torch
-from conftest import CAPACITY, build
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from serving_testlib import CAPACITY, build
 
 import k3c
 from k3c.errors import InputError

@@ -79,7 +79,7 @@ class ShardedMoE(MoE):
         B, T, d = x.shape
         x2 = x.reshape(B * T, d)
         s = torch.sigmoid(torch.nn.functional.linear(x2.float(), self.gate.weight.float()))
-        idx = torch.topk(s + self.gate.e_score_correction_bias.float(), self.top_k, dim=-1).indices
+        idx = ops.topk(s + self.gate.e_score_correction_bias.float(), self.top_k, -1)[1]  # ties: lower index, as MoE
         w = s.gather(-1, idx)
         if self.renormalize:
             w = w / (w.sum(-1, keepdim=True) + 1e-20)

@@ -27,6 +27,7 @@ import torch
 import k3c
 from k3c import ir, passes
 from k3c.backends import coverage
+from k3c.compiler import capture_entries
 from k3c.diff import DiffReport, diff
 from k3c.ir.ops import attr, broadcast_shapes, defop, expect
 from k3c.passes import Any, Const, Op, Rule, Weight, apply_rules, register_pass
@@ -112,12 +113,13 @@ def main(argv: list[str] | None = None) -> DiffReport:
     model = k3c.models.build("k3-tiny")
     ids = torch.zeros(2, 16, dtype=torch.long)
     report: list = []
-    fused = passes.run(k3c.capture(model, (ids,)), PIPELINE, report=report)
+    graphs = capture_entries(model, (ids,))  # prefill and decode, captured once for both uses
+    fused = passes.run(graphs["prefill"], PIPELINE, report=report)
     print(f"fuse-kda-gate: {report[-1].total_sites} sites in k3-tiny's prefill; {fused.op_counts()[OP]} {OP} nodes")
     print(f"{OP} runs as: {how_backends_run_it()}")
 
     result = diff(model, args.backends.split(","), seq_len=args.seq_len, decode_steps=args.decode_steps,
-                           passes=PIPELINE, bisect=False)
+                           passes=PIPELINE, bisect=False, captured=graphs)
     print(result.table())
     if not result.ok:
         raise SystemExit(f"{OP}: some backend is off (see the table)")

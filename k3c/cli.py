@@ -363,7 +363,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--batch-file", help="a file of prompts, one a line (they may differ in length)")
     s.add_argument("--max-new-tokens", type=checks.count(1), required=True)
     s.add_argument("--max-context", type=checks.count(2), help="cache capacity (default: longest prompt + new)")
-    s.add_argument("--out", help="artifact folder (default: a new temporary folder)")
+    s.add_argument("--out", help="artifact folder, kept (default: a temporary one, removed at the end)")
     s.add_argument("--force", action="store_true", help="replace what --out holds, even another artifact")
     s.set_defaults(func=_cmd_generate)
     return p

@@ -10,6 +10,7 @@ position. A progress line (tokens so far, tokens per second) goes to `progress`.
 
 from __future__ import annotations
 
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -125,9 +126,14 @@ def run_cli(args) -> int:
         t0 = time.perf_counter()
         run = k3c_compile(model, args.backend, (ids[:, :min(ids.shape[1], 16)].clamp(0, None),),
                           out_dir=args.out, max_context=capacity, force=args.force)
+        kept = "" if args.out is None else f": {run.out_dir}"  # without --out it is removed at the end
         print(f"compiled {args.model} for {args.backend} (max_context {capacity}) in "
-              f"{time.perf_counter() - t0:.1f}s: {run.out_dir}", file=sys.stderr)
-    new, stats = generate(run, prompts, args.max_new_tokens, progress=sys.stderr)
+              f"{time.perf_counter() - t0:.1f}s{kept}", file=sys.stderr)
+    try:
+        new, stats = generate(run, prompts, args.max_new_tokens, progress=sys.stderr)
+    finally:
+        if args.backend != "eager" and args.out is None:
+            shutil.rmtree(run.out_dir, ignore_errors=True)
     for row in new:
         print(" ".join(map(str, row)))
     print(f"{stats['tokens']} tokens ({len(prompts)} sequences), prefill {stats['prefill_s'] * 1e3:.1f} ms, "

@@ -4,12 +4,14 @@
 
 A free port for the rendezvous; every rank bounded by K3C_TIMEOUT_S on init and each wait; the
 whole run by `timeout_s`. A rank that exits with an error or outlives the run is a RankError
-naming it (with the tail of its output), and every process is killed before it returns.
+naming it (with the tail of its output), and every process is killed and its folder removed
+before it returns.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -69,6 +71,7 @@ def spawn(mesh_dir: str | Path, job: dict, world: int, timeout_s: float = 120.0,
             p.wait()
         for log in logs:
             log.close()
+        shutil.rmtree(work, ignore_errors=True)  # the job, the logs (their tail is in any error) and results
 
 
 def _tail(log, n: int = 600) -> str:

@@ -17,13 +17,25 @@ import k3c
 if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
+# Under pytest-xdist (`-n 2`) each worker takes one core: torch, TVM's and onnxruntime's pools
+# would otherwise each start a thread per core in every worker and contend for the same cores.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    for var in ("OMP_NUM_THREADS", "TVM_NUM_THREADS"):
+        os.environ.setdefault(var, "1")
+    torch.set_num_threads(1)
+
 
 @pytest.fixture(scope="session", autouse=True)
 def tvm_build_cache(tmp_path_factory):
     """One TVM build per distinct graph structure for the whole session (backends/tvm/cache.py):
-    tests that compile the same model with other weights (stresses, re-seeds) reuse lib.so."""
+    tests that compile the same model with other weights (stresses, re-seeds) reuse lib.so,
+    across xdist workers too."""
     before = os.environ.get("K3C_CACHE_DIR")
-    os.environ["K3C_CACHE_DIR"] = str(tmp_path_factory.mktemp("k3c-cache"))
+    base = tmp_path_factory.getbasetemp()
+    # xdist workers share one cache (a store is an atomic rename, so two writers are safe)
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "k3c-cache"
+    root.mkdir(exist_ok=True)
+    os.environ["K3C_CACHE_DIR"] = str(root)
     yield
     if before is None:
         os.environ.pop("K3C_CACHE_DIR", None)

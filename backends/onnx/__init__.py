@@ -84,7 +84,9 @@ class OnnxBackend:
         for entry, g in graphs.items():
             check_supported(self, g)
             models[entry], reports[entry] = lower_graph(g, self.flavour, {**meta, "k3c.entry": entry})
-        manifest = build_manifest(graphs, self.flavour, reports, model=model, config=config, pipeline=pipeline)
+        opsets = {e: next(o.version for o in m.opset_import if o.domain == "") for e, m in models.items()}
+        manifest = build_manifest(graphs, self.flavour, reports, model=model, config=config, pipeline=pipeline,
+                                  opsets=opsets)
         out = write_artifact(Path(out_dir), models, manifest)
         seal(out, backend=self.name, model=model, variant=self.flavour)
         return out

@@ -86,7 +86,9 @@ def describe_entry(graph: Graph, file: str, state: set[str]) -> dict:
 
 
 def build_manifest(graphs: dict[str, Graph], flavour: str, reports: dict, *, model: str | None,
-                   config: dict | None, pipeline) -> dict:
+                   config: dict | None, pipeline, opsets: dict[str, int] | None = None) -> dict:
+    """`opsets`: each entry's default-domain opset as its model imports it (a fixed-cache decode
+    needs 24 for TensorScatter); the manifest's "opset" is the highest, what a runtime must have."""
     from ... import __version__
 
     state = set(graphs["decode"].inputs[1:]) if "decode" in graphs else set()
@@ -97,9 +99,11 @@ def build_manifest(graphs: dict[str, Graph], flavour: str, reports: dict, *, mod
     order = graphs["decode"].inputs[1:] if "decode" in graphs else []
     return {
         "format": FORMAT, "format_version": 1, "k3c_version": __version__,
-        "model": model, "config": config, "pipeline": pipeline, "flavour": flavour, "opset": OPSET,
+        "model": model, "config": config, "pipeline": pipeline, "flavour": flavour,
+        "opset": max((opsets or {}).values(), default=OPSET),
         "weights": WEIGHTS, "dims": dims, "state": list(order),
-        "entries": {e: describe_entry(g, f"{e}.onnx", state) for e, g in graphs.items()},
+        "entries": {e: {**describe_entry(g, f"{e}.onnx", state), "opset": (opsets or {}).get(e, OPSET)}
+                    for e, g in graphs.items()},
         "lowering": {e: {f"{op} -> {target}": n for (op, target), n in sorted(r.items())}
                      for e, r in reports.items()},
     }

@@ -95,3 +95,16 @@ def test_cli_generate_rejects_two_prompt_sources(tmp_path):
     f.write_text("1 2 3\n")
     assert main(["generate", "--model", "gpt2-tiny", "--backend", "eager", "--prompt-ids", "1 2",
                  "--prompt-file", str(f), "--max-new-tokens", "2"]) == 2
+
+
+def test_the_manifest_names_the_opset_the_fixed_cache_needs(k3_onnx):
+    """TensorScatter, which writes the new rows in place, is an opset-24 op: a runtime that
+    reads the manifest must learn it needs 24, not the 23 of the grown form."""
+    import onnx
+
+    out = k3_onnx[1].out_dir
+    m = json.loads((out / "manifest.json").read_text())
+    decode = onnx.load(str(out / m["entries"]["decode"]["file"]), load_external_data=False)
+    assert "TensorScatter" in {n.op_type for n in decode.graph.node}
+    assert next(o.version for o in decode.opset_import if o.domain == "") == 24
+    assert m["entries"]["decode"]["opset"] == 24 and m["opset"] == 24

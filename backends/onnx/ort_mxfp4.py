@@ -1,0 +1,116 @@
+"""The `ort` flavour's MXFP4 experts: `moe_experts_mxfp4` as one `com.microsoft::MatMulNBits`
+per expert and projection, on an exact 8-bit re-encoding of the MXFP4 weights.
+
+onnxruntime's CPU provider has no float4e2m1 DequantizeLinear, and its MatMulNBits takes 2, 4
+or 8-bit integers with a float scale per block of K. MXFP4 fits the 8-bit form exactly: a code's
+E2M1 value v lies in {0, +-0.5, +-1, +-1.5, +-2, +-3, +-4, +-6}, so 2v is an integer in [-12, 12],
+and with the E8M0 byte e of its group of 32,
+
+    w = v * 2^(e - 127) = (q - 128) * scale,   q = 128 + 2v (u8),   scale = 2^(e - 127) / 2 (f32)
+
+with MatMulNBits' default zero point for 8 bits (2^(bits-1) = 128), block_size 32 along K (the
+MXFP4 group) and accuracy_level 0 (A stays fp32). Every factor is exact in float32, so the
+dequantized weight is the MXFP4 decode bit for bit (E8M0 255, NaN, becomes a NaN scale), but
+for the code of -0, which becomes +0 (an integer has no signed zero; x * -0 and x * +0 add
+the same to any sum that is not all zeros, and -0 == +0). The
+re-encoding happens at lowering time into initializers: 1 byte per weight and a 4-byte scale
+per 32, 1.125 bytes a weight against MXFP4's 0.53125.
+
+QMoE (com.microsoft, onnxruntime 1.32) is not used: it has no SiTU activation (K3's experts),
+and its CPU kernel for block-wise 8-bit experts quantizes the activations to int8 at every
+accuracy level, which is not the fp32 computation.
+
+The experts are unrolled as the ort flavour's dense SiTU experts are (ort.py): the slots sorted
+by expert, a Split by the per-expert counts, the expert's two MatMulNBits, the outputs gathered
+back to slot order, weighted and summed per token. An expert with no slot gets a zero-row
+MatMulNBits, so a decode step takes the same form and reads only the routed experts.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ...ir import Graph, Node
+from ...ir import dims as D
+from ...kernels.mxfp4.naive import E8M0_NAN, GROUP_SIZE, e2m1_table, unpack_codes
+from .builder import MS_DOMAIN
+from .functions.mlp import activation, sorted_slots
+from .lower import tensor_proto
+from .ort import MAX_UNROLLED_EXPERTS, mapping
+
+ZERO_POINT = 128  # MatMulNBits' default zero point for bits=8 (2^(bits-1)): left out of the graph
+
+
+def nbits8(packed: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """MXFP4 `packed` [N, K/2] and E8M0 `scale` [N, K/32] (uint8) -> MatMulNBits' B
+    [N, K/32, 32] uint8 (q = 128 + 2v) and scales [N, K/32] float32 (2^(e - 127) / 2)."""
+    N, K = packed.shape[0], 2 * packed.shape[1]
+    twice = (2 * e2m1_table()).to(torch.int32)  # 2v: integers in [-12, 12]
+    q = (ZERO_POINT + twice[unpack_codes(packed).to(torch.int64)]).to(torch.uint8)
+    e = scale.to(torch.int32)
+    # 2^(e - 128) from the bits: e - 1 >= 1 is a normal exponent field, e = 1 is 2^-127 (the
+    # subnormal 0x400000), e = 0 is 2^-128 (0x200000); 255 stays NaN
+    bits = torch.where(e >= 2, (e - 1) << 23, torch.where(e == 1, 0x400000, 0x200000))
+    bits = torch.where(e == E8M0_NAN, torch.full_like(e, 0x7FC00000), bits).to(torch.int32)
+    return q.reshape(N, K // GROUP_SIZE, GROUP_SIZE), bits.view(torch.float32)
+
+
+def _static(*dims) -> bool:
+    return all(D.is_static(d) for d in dims)
+
+
+def _applies(node: Node, g: Graph) -> tuple[bool, str]:
+    h, p13, _, p2, _ = (g.types[i] for i in node.inputs[:5])
+    if any(i not in g.weights for i in node.inputs[1:5]):
+        return False, "MatMulNBits needs the packed experts as initializers (they are re-encoded)"
+    if not _static(*p13.shape, *p2.shape):
+        return False, "MatMulNBits needs static expert shapes"
+    if int(p13.shape[0]) > MAX_UNROLLED_EXPERTS:
+        return False, f"more than {MAX_UNROLLED_EXPERTS} experts: the unrolled graph would be too large"
+    if h.dtype != "f32":
+        return False, "f32 activations only (MatMulNBits' scales take the activations' dtype)"
+    return True, ""
+
+
+def _initializers(lx, packed: str, scale: str, e: int) -> tuple[str, str]:
+    """Expert e's MatMulNBits B and scales, made once per weight and expert."""
+    q_name, s_name = f"{packed}.{e}.nbits8", f"{scale}.{e}.nbits8"
+    if q_name not in lx.initializers:
+        q, s = nbits8(lx.graph.weights[packed][e], lx.graph.weights[scale][e])
+        lx.initializers[q_name], lx.initializers[s_name] = tensor_proto(q_name, q), tensor_proto(s_name, s)
+    return q_name, s_name
+
+
+def _matmul(lx, x: str, packed: str, scale: str, e: int) -> str:
+    """x [M, K] @ decode(packed[e], scale[e])^T -> [M, N]."""
+    _, N, half = (int(d) for d in lx.type(packed).shape)
+    q, s = _initializers(lx, packed, scale, e)
+    return lx.b.op("MatMulNBits", [x, q, s], 1, domain=MS_DOMAIN, K=2 * half, N=N, bits=8,
+                   block_size=GROUP_SIZE, accuracy_level=0)
+
+
+@mapping("com.microsoft::MatMulNBits", "moe_experts_mxfp4", supports=_applies)
+def _experts_emit(lx, node):
+    """Per expert: its slots through MatMulNBits(w13), the activation, MatMulNBits(w2)."""
+    h, idx, w = (lx.x(node.inputs[i]) for i in (0, 5, 6))
+    p13, s13, p2, s2 = node.inputs[1:5]  # the packed weights: re-encoded, never initializers themselves
+    y = lx.out(node, 0)
+    b = lx.b
+    E = int(lx.type(p13).shape[0])
+    k = int(lx.type(node.inputs[5]).shape[1])
+    a = lx.attrs(node)
+    beta = linear_beta = None
+    if a["act"] != "silu":
+        beta = b.param(float(a["beta"]))
+        linear_beta = b.param(float(a["linear_beta"])) if a["linear_beta"] is not None else None
+    counts, dest, perm = sorted_slots(b, idx, E)
+    rows = b.Gather(h, b.Div(perm, b.const(k, "i64")), axis=0)  # [N k, D]: each slot's token
+    outs = []
+    for e, part in enumerate(b.op("Split", [rows, counts], E, axis=0)):
+        gu = _matmul(lx, part, p13, s13, e)
+        outs.append(_matmul(lx, activation(b, gu, a["act"], beta, linear_beta), p2, s2, e))
+    out = b.Concat(*outs, axis=0)  # [N k, D_out] in expert order
+    per_slot = b.Mul(b.Gather(out, dest, axis=0), b.unsqueeze(b.Reshape(w, b.ints([-1])), 1))
+    D_out = int(lx.type(p2).shape[1])
+    b.ReduceSum(b.Reshape(per_slot, b.ints([-1, k, D_out])), b.ints([1]), keepdims=0, outputs=[y])
+    b.domains.add(MS_DOMAIN)

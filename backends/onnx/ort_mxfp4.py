@@ -1,20 +1,29 @@
 """The `ort` flavour's MXFP4 experts: `moe_experts_mxfp4` as one `com.microsoft::MatMulNBits`
-per expert and projection, on an exact 8-bit re-encoding of the MXFP4 weights.
+per expert and projection, on an exact re-encoding of the MXFP4 weights as 4-bit integers.
 
-onnxruntime's CPU provider has no float4e2m1 DequantizeLinear, and its MatMulNBits takes 2, 4
-or 8-bit integers with a float scale per block of K. MXFP4 fits the 8-bit form exactly: a code's
-E2M1 value v lies in {0, +-0.5, +-1, +-1.5, +-2, +-3, +-4, +-6}, so 2v is an integer in [-12, 12],
-and with the E8M0 byte e of its group of 32,
+onnxruntime's CPU provider has no float4e2m1 DequantizeLinear; its MatMulNBits takes 2, 4 or
+8-bit integers q with a float scale per block of K, w = (q - zero point) * scale. A code's E2M1
+value v lies in {0, +-0.5, +-1, +-1.5, +-2, +-3, +-4, +-6}, so with the E8M0 byte e of its group
+of 32, w = t * 2^(e - 128) with t = 2v an integer in [-12, 12]:
 
-    w = v * 2^(e - 127) = (q - 128) * scale,   q = 128 + 2v (u8),   scale = 2^(e - 127) / 2 (f32)
+  - 8 bits hold t as it is (q = 128 + t), but onnxruntime 1.32's CPU kernel for 8 bits with fp32
+    activations (accuracy_level 0 or 1) dequantizes the whole weight on every call: 10.5 ms for a
+    1024 x 1024 weight and one token, against 0.45 ms for a float32 MatMul (single thread, shared
+    machine); its fast 8-bit kernel (accuracy_level 4) quantizes the activations to int8.
+  - 4 bits (fp32 activations, a fast kernel: 0.22 ms there) hold 16 levels, t needs 25: so t is
+    split as t = a + b, a = clamp(t, -8, 7), b = t - a in [-4, 5], both 4-bit with the default
+    zero point 8 and the same scale 2^(e - 128). One MatMulNBits of K' = 2K multiplies
+    [x, x] by [W_a | W_b]: sum_k x_k a_k s + sum_k x_k b_k s = x . w.
 
-with MatMulNBits' default zero point for 8 bits (2^(bits-1) = 128), block_size 32 along K (the
-MXFP4 group) and accuracy_level 0 (A stays fp32). Every factor is exact in float32, so the
-dequantized weight is the MXFP4 decode bit for bit (E8M0 255, NaN, becomes a NaN scale), but
-for the code of -0, which becomes +0 (an integer has no signed zero; x * -0 and x * +0 add
-the same to any sum that is not all zeros, and -0 == +0). The
-re-encoding happens at lowering time into initializers: 1 byte per weight and a 4-byte scale
-per 32, 1.125 bytes a weight against MXFP4's 0.53125.
+Every factor is exact in float32 (a, b and t are small integers, s a power of two), so
+W_a + W_b is the MXFP4 decode bit for bit (E8M0 255 gives a NaN scale), but for the code of -0,
+which becomes +0 (an integer has no signed zero; -0 == +0 in every sum that is not all zeros).
+The only rounding is the GEMM's own, over 2K products. (A weight past float32's range, 6 * 2^127
+at e = 254, is inf in the decode but two finite halves here; no checkpoint holds one.)
+
+The re-encoding happens at lowering time into initializers: per weight two 4-bit codes and two
+4-byte scales per 32, 1.25 bytes against MXFP4's 0.53125 (and float32's 4). accuracy_level 0
+keeps the activations fp32.
 
 QMoE (com.microsoft, onnxruntime 1.32) is not used: it has no SiTU activation (K3's experts),
 and its CPU kernel for block-wise 8-bit experts quantizes the activations to int8 at every
@@ -38,21 +47,25 @@ from .functions.mlp import activation, sorted_slots
 from .lower import tensor_proto
 from .ort import MAX_UNROLLED_EXPERTS, mapping
 
-ZERO_POINT = 128  # MatMulNBits' default zero point for bits=8 (2^(bits-1)): left out of the graph
+BITS = 4
+ZERO_POINT = 8  # MatMulNBits' default zero point for 4 bits (2^(bits-1)): left out of the graph
 
 
-def nbits8(packed: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """MXFP4 `packed` [N, K/2] and E8M0 `scale` [N, K/32] (uint8) -> MatMulNBits' B
-    [N, K/32, 32] uint8 (q = 128 + 2v) and scales [N, K/32] float32 (2^(e - 127) / 2)."""
+def nbits4_pair(packed: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """MXFP4 `packed` [N, K/2] and E8M0 `scale` [N, K/32] (uint8) -> MatMulNBits' B for
+    K' = 2K, [N, 2K/32, 16] uint8 (the 4-bit q = 8 + a of the first K, then q = 8 + b; low
+    nibble first), and its scales [N, 2K/32] float32 (2^(e - 128), twice)."""
     N, K = packed.shape[0], 2 * packed.shape[1]
-    twice = (2 * e2m1_table()).to(torch.int32)  # 2v: integers in [-12, 12]
-    q = (ZERO_POINT + twice[unpack_codes(packed).to(torch.int64)]).to(torch.uint8)
+    t = (2 * e2m1_table()).to(torch.int32)[unpack_codes(packed).to(torch.int64)]  # 2v in [-12, 12]
+    a = t.clamp(-8, 7)
+    q = torch.cat([a, t - a], dim=1) + ZERO_POINT  # [N, 2K] in [0, 15]
+    q = (q[:, 0::2] | (q[:, 1::2] << 4)).to(torch.uint8)
     e = scale.to(torch.int32)
     # 2^(e - 128) from the bits: e - 1 >= 1 is a normal exponent field, e = 1 is 2^-127 (the
     # subnormal 0x400000), e = 0 is 2^-128 (0x200000); 255 stays NaN
     bits = torch.where(e >= 2, (e - 1) << 23, torch.where(e == 1, 0x400000, 0x200000))
-    bits = torch.where(e == E8M0_NAN, torch.full_like(e, 0x7FC00000), bits).to(torch.int32)
-    return q.reshape(N, K // GROUP_SIZE, GROUP_SIZE), bits.view(torch.float32)
+    s = torch.where(e == E8M0_NAN, torch.full_like(e, 0x7FC00000), bits).to(torch.int32).view(torch.float32)
+    return q.reshape(N, 2 * K // GROUP_SIZE, GROUP_SIZE // 2), torch.cat([s, s], dim=1)
 
 
 def _static(*dims) -> bool:
@@ -74,18 +87,19 @@ def _applies(node: Node, g: Graph) -> tuple[bool, str]:
 
 def _initializers(lx, packed: str, scale: str, e: int) -> tuple[str, str]:
     """Expert e's MatMulNBits B and scales, made once per weight and expert."""
-    q_name, s_name = f"{packed}.{e}.nbits8", f"{scale}.{e}.nbits8"
+    q_name, s_name = f"{packed}.{e}.nbits4x2", f"{scale}.{e}.nbits4x2"
     if q_name not in lx.initializers:
-        q, s = nbits8(lx.graph.weights[packed][e], lx.graph.weights[scale][e])
+        q, s = nbits4_pair(lx.graph.weights[packed][e], lx.graph.weights[scale][e])
         lx.initializers[q_name], lx.initializers[s_name] = tensor_proto(q_name, q), tensor_proto(s_name, s)
     return q_name, s_name
 
 
 def _matmul(lx, x: str, packed: str, scale: str, e: int) -> str:
-    """x [M, K] @ decode(packed[e], scale[e])^T -> [M, N]."""
+    """x [M, K] @ decode(packed[e], scale[e])^T -> [M, N], as [x, x] @ [W_a | W_b]^T."""
     _, N, half = (int(d) for d in lx.type(packed).shape)
     q, s = _initializers(lx, packed, scale, e)
-    return lx.b.op("MatMulNBits", [x, q, s], 1, domain=MS_DOMAIN, K=2 * half, N=N, bits=8,
+    xx = lx.b.Concat(x, x, axis=-1)
+    return lx.b.op("MatMulNBits", [xx, q, s], 1, domain=MS_DOMAIN, K=4 * half, N=N, bits=BITS,
                    block_size=GROUP_SIZE, accuracy_level=0)
 
 

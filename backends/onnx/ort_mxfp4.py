@@ -25,7 +25,8 @@ The re-encoding happens at lowering time into initializers: per weight two 4-bit
 4-byte scales per 32, 1.25 bytes against MXFP4's 0.53125 (and float32's 4). accuracy_level 0
 keeps the activations fp32.
 
-QMoE (com.microsoft, onnxruntime 1.32) is not used: it has no SiTU activation (K3's experts),
+QMoE (com.microsoft, onnxruntime 1.32) is not used: its CPU kernel refuses a SiTU activation
+(K3's experts: "Unsupported MoE activation type"),
 and its CPU kernel for block-wise 8-bit experts quantizes the activations to int8 at every
 accuracy level, which is not the fp32 computation.
 

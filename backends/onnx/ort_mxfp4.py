@@ -26,9 +26,8 @@ The re-encoding happens at lowering time into initializers: per weight two 4-bit
 keeps the activations fp32.
 
 QMoE (com.microsoft, onnxruntime 1.32) is not used: its CPU kernel refuses a SiTU activation
-(K3's experts: "Unsupported MoE activation type"),
-and its CPU kernel for block-wise 8-bit experts quantizes the activations to int8 at every
-accuracy level, which is not the fp32 computation.
+(K3's experts: "Unsupported MoE activation type"), and for block-wise 8-bit experts it quantizes
+the activations to int8 at every accuracy level, which is not the fp32 computation.
 
 The experts are unrolled as the ort flavour's dense SiTU experts are (ort.py): the slots sorted
 by expert, a Split by the per-expert counts, the expert's two MatMulNBits, the outputs gathered

@@ -29,10 +29,12 @@ QMoE (com.microsoft, onnxruntime 1.32) is not used: its CPU kernel refuses a SiT
 (K3's experts: "Unsupported MoE activation type"), and for block-wise 8-bit experts it quantizes
 the activations to int8 at every accuracy level, which is not the fp32 computation.
 
-The experts are unrolled as the ort flavour's dense SiTU experts are (ort.py): the slots sorted
-by expert, a Split by the per-expert counts, the expert's two MatMulNBits, the outputs gathered
-back to slot order, weighted and summed per token. An expert with no slot gets a zero-row
-MatMulNBits, so a decode step takes the same form and reads only the routed experts.
+The experts are unrolled over the static expert count: the slots sorted by expert (ort.py's
+counting sort), [rows, rows] split by the per-expert counts, one MatMulNBits each for gate/up,
+the activation once over all slots, again split and one MatMulNBits each for down, the outputs
+gathered back to slot order, weighted and summed per token. Per expert and layer only its two
+MatMulNBits are nodes; an expert with no slot runs on zero rows, so a decode step takes the
+same form and reads only the routed experts' weights.
 """
 
 from __future__ import annotations
@@ -94,18 +96,24 @@ def _initializers(lx, packed: str, scale: str, e: int) -> tuple[str, str]:
     return q_name, s_name
 
 
-def _matmul(lx, x: str, packed: str, scale: str, e: int) -> str:
-    """x [M, K] @ decode(packed[e], scale[e])^T -> [M, N], as [x, x] @ [W_a | W_b]^T."""
-    _, N, half = (int(d) for d in lx.type(packed).shape)
-    q, s = _initializers(lx, packed, scale, e)
-    xx = lx.b.Concat(x, x, axis=-1)
-    return lx.b.op("MatMulNBits", [xx, q, s], 1, domain=MS_DOMAIN, K=4 * half, N=N, bits=BITS,
-                   block_size=GROUP_SIZE, accuracy_level=0)
+def _per_expert(lx, rows: str, counts: str, packed: str, scale: str) -> str:
+    """rows [M, K] sorted by expert (counts [E] each) through their experts' weights -> [M, N]:
+    [rows, rows] split by expert, one MatMulNBits of K' = 2K each, the results concatenated."""
+    E, N, half = (int(d) for d in lx.type(packed).shape)
+    b = lx.b
+    parts = b.op("Split", [b.Concat(rows, rows, axis=-1), counts], E, axis=0)
+    outs = []
+    for e, part in enumerate(parts):
+        q, s = _initializers(lx, packed, scale, e)
+        outs.append(b.op("MatMulNBits", [part, q, s], 1, domain=MS_DOMAIN, K=4 * half, N=N, bits=BITS,
+                         block_size=GROUP_SIZE, accuracy_level=0))
+    return b.Concat(*outs, axis=0)
 
 
 @mapping("com.microsoft::MatMulNBits", "moe_experts_mxfp4", supports=_applies)
 def _experts_emit(lx, node):
-    """Per expert: its slots through MatMulNBits(w13), the activation, MatMulNBits(w2)."""
+    """The slots sorted by expert through MatMulNBits(w13), the activation once over all of
+    them, MatMulNBits(w2): per expert only its two MatMulNBits."""
     h, idx, w = (lx.x(node.inputs[i]) for i in (0, 5, 6))
     p13, s13, p2, s2 = node.inputs[1:5]  # the packed weights: re-encoded, never initializers themselves
     y = lx.out(node, 0)
@@ -119,11 +127,8 @@ def _experts_emit(lx, node):
         linear_beta = b.param(float(a["linear_beta"])) if a["linear_beta"] is not None else None
     counts, dest, perm = sorted_slots(b, idx, E)
     rows = b.Gather(h, b.Div(perm, b.const(k, "i64")), axis=0)  # [N k, D]: each slot's token
-    outs = []
-    for e, part in enumerate(b.op("Split", [rows, counts], E, axis=0)):
-        gu = _matmul(lx, part, p13, s13, e)
-        outs.append(_matmul(lx, activation(b, gu, a["act"], beta, linear_beta), p2, s2, e))
-    out = b.Concat(*outs, axis=0)  # [N k, D_out] in expert order
+    gu = _per_expert(lx, rows, counts, p13, s13)  # [N k, 2I] in expert order
+    out = _per_expert(lx, activation(b, gu, a["act"], beta, linear_beta), counts, p2, s2)  # [N k, D_out]
     per_slot = b.Mul(b.Gather(out, dest, axis=0), b.unsqueeze(b.Reshape(w, b.ints([-1])), 1))
     D_out = int(lx.type(p2).shape[1])
     b.ReduceSum(b.Reshape(per_slot, b.ints([-1, k, D_out])), b.ints([1]), keepdims=0, outputs=[y])

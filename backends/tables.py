@@ -51,7 +51,7 @@ TABLES: dict[str, Registry] = {b: Registry(f"{b} lowering of op") for b in ("onn
 _BUILTIN = {
     "onnx": ("k3c.backends.onnx.standard", "k3c.backends.onnx.custom", "k3c.backends.onnx.functions",
              "k3c.backends.onnx.cache"),
-    "onnx:ort": ("k3c.backends.onnx.ort",),
+    "onnx:ort": ("k3c.backends.onnx.ort", "k3c.backends.onnx.ort_mxfp4"),
     "tvm": ("k3c.backends.tvm.relax_ops", "k3c.backends.tvm.kernel_ops", "k3c.backends.tvm.chunk_ops",
             "k3c.backends.tvm.quant_ops", "k3c.backends.tvm.cache_ops"),
     "triton": ("k3c.backends.triton.lowering",),

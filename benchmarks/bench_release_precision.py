@@ -27,7 +27,7 @@ import torch
 
 import k3c
 from k3c.models.precision import fp32_copy
-from k3c.numerics import rel_rms_err
+from k3c.numerics import max_abs_err, rel_rms_err
 
 
 def fastest(fn, repeat: int) -> tuple[object, float]:
@@ -67,6 +67,7 @@ def main(argv=None) -> dict:
     p.add_argument("--decode", type=int, default=64, help="decode steps")
     p.add_argument("--repeat", type=int, default=3, help="timings repeated, fastest kept")
     p.add_argument("--backends", default="onnx:ort,tvm")
+    p.add_argument("--precisions", default="fp32,bf16+mxfp4", help="which of fp32, bf16+mxfp4 to run")
     p.add_argument("--json", help="write the results here")
     args = p.parse_args(argv)
 
@@ -78,7 +79,9 @@ def main(argv=None) -> dict:
           f"on {os.cpu_count()} cores", flush=True)
     gen = torch.Generator().manual_seed(0)
     root = Path(tempfile.mkdtemp(prefix="k3c-bench-precision-"))
-    for precision in ("fp32", "bf16+mxfp4"):
+    for precision in args.precisions.split(","):
+        if precision not in ("fp32", "bf16+mxfp4"):
+            raise SystemExit(f"--precisions: {precision!r} is not fp32 or bf16+mxfp4")
         kw = {} if precision == "fp32" else {"dtype": torch.bfloat16, "experts": "mxfp4"}
         model = k3c.models.build(args.model, **kw)
         yardstick = model if precision == "fp32" else fp32_copy(model)
@@ -103,11 +106,13 @@ def main(argv=None) -> dict:
             last, t_pre, t_dec = prefill_and_decode(compiled, prompt, steps, args.repeat)
             row = {"precision": precision, "runner": spec, "bytes": folder_bytes(out), "compile_seconds": t_compile,
                    "prefill_seconds": t_pre, "decode_seconds": t_dec, "prefill_vs_eager": e_pre / t_pre,
-                   "decode_vs_eager": e_dec / t_dec, "last_logits_rel_rms": rel_rms_err(last.float(), ref)}
+                   "decode_vs_eager": e_dec / t_dec, "last_logits_rel_rms": rel_rms_err(last.float(), ref),
+                   "last_logits_max_abs": max_abs_err(last.float(), ref)}
             result["rows"].append(row)
             print(f"{precision:11s} {spec:10s} artifact {row['bytes'] / 2**20:7.1f} MiB  prefill {t_pre:7.2f}s "
                   f"({row['prefill_vs_eager']:.2f}x)  decode {t_dec:7.2f}s ({row['decode_vs_eager']:.2f}x)  "
-                  f"rel RMS {row['last_logits_rel_rms']:.1e}  (compile {t_compile:.0f}s)", flush=True)
+                  f"rel RMS {row['last_logits_rel_rms']:.1e}  max abs {row['last_logits_max_abs']:.1e}  "
+                  f"(compile {t_compile:.0f}s)", flush=True)
     result["load_average_at_end"] = round(os.getloadavg()[0], 2)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n")

@@ -167,13 +167,18 @@ _RULES: dict[str, Callable] = {
     "moe_gate_up": _call("moe_gate_up", "k3c.kernels.moe.triton"),
     "moe_down": _call("moe_down", "k3c.kernels.moe.triton"),
     "moe_experts": _call("moe_experts", "k3c.kernels.moe.triton", attrs=("act", "beta", "linear_beta")),
+    # MXFP4 experts: the kernels decode the codes in registers (kernels/moe/triton/mxfp4.py)
+    "moe_gate_up_mxfp4": _call("moe_gate_up_mxfp4", "k3c.kernels.moe.triton"),
+    "moe_down_mxfp4": _call("moe_down_mxfp4", "k3c.kernels.moe.triton"),
+    "moe_experts_mxfp4": _call("moe_experts_mxfp4", "k3c.kernels.moe.triton", attrs=("act", "beta", "linear_beta")),
 }
 
 # Ops whose statement calls a Triton kernel template (the rest call torch or join a fused group).
 KERNEL_OPS = frozenset({"rms_norm", "gated_rms_norm", "l2norm", "short_conv", "kda", "gated_delta_rule",
                         "delta_rule", "linear_attention", "chunk_prepare", "chunk_state_scan", "chunk_output",
                         "causal_attention", "mla_attention", "mla_attention_absorbed", "attn_res_mix", "situ",
-                        "gated_mlp", "moe_gate_up", "moe_down", "moe_experts"})
+                        "gated_mlp", "moe_gate_up", "moe_down", "moe_experts", "moe_gate_up_mxfp4", "moe_down_mxfp4",
+                        "moe_experts_mxfp4"})
 # Recurrent-state ops whose kernels hold a [K, BV] state block in registers.
 MAX_HEAD_DIM = 256
 

@@ -39,21 +39,24 @@ def test_bf16_mxfp4_model_computes_in_fp32_on_every_backend(report, backend):
 
 
 def test_the_stored_precision_is_what_the_artifacts_hold(model, tmp_path):
-    """The experts stay codes through every backend's graph: TVM's kernels read them (the
-    decode folded into the expert GEMMs), the others decode them in the graph; no backend holds
-    a float copy of the experts among its weights. Dense weights stay BF16."""
+    """The experts stay codes through every backend's graph: TVM's and Triton's kernels read
+    them (the decode folded into the expert GEMMs), portable ONNX decodes them in the graph and
+    the ort flavour re-encodes them for MatMulNBits (tests/onnx/test_ort_mxfp4.py); no backend
+    holds a float copy of the experts among its weights. Dense weights stay BF16."""
     from k3c.compiler import capture_entries
 
     ids = torch.randint(0, model.config.vocab_size, (1, 8))
     captured = capture_entries(model, (ids,))
-    for spec in ("onnx", "tvm", "triton"):
+    for spec in ("onnx", "onnx:ort", "tvm", "triton"):
         g = prepare({"prefill": captured["prefill"]}, backend_for(spec, "f32"))["prefill"]
         dtypes = {t.dtype for w, t in g.types.items() if w in g.weights}
         assert "u8" in dtypes and "bf16" in dtypes, (spec, dtypes)
         assert not any(("w13" in w or "w2" in w) and g.types[w].dtype in ("f32", "bf16") and
                        "experts" in w for w in g.weights), spec
         ops = {n.op for n in g.nodes}
-        if spec == "tvm":
+        if spec in ("tvm", "triton"):
             assert "moe_experts_mxfp4" in ops and "mxfp4_decode" not in ops, ops
+        elif spec == "onnx:ort":
+            assert "moe_experts_mxfp4" in ops and "mxfp4_decode" not in ops, ops  # MatMulNBits
         else:
             assert "mxfp4_decode" in ops, ops

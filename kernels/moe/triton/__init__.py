@@ -1,6 +1,9 @@
-"""Routed experts in Triton (grouped.py): a grouped GEMM over tokens sorted by expert.
-Reference: ../naive.py."""
+"""Routed experts in Triton (grouped.py): a grouped GEMM over tokens sorted by expert; on MXFP4
+experts (mxfp4.py) the same GEMM decoding the codes in the kernel. References: ../naive.py,
+../mxfp4.py."""
 
 from .grouped import moe_down, moe_experts, moe_gate_up, sort_by_expert
+from .mxfp4 import moe_down_mxfp4, moe_experts_mxfp4, moe_gate_up_mxfp4
 
-__all__ = ["moe_gate_up", "moe_down", "moe_experts", "sort_by_expert"]
+__all__ = ["moe_gate_up", "moe_down", "moe_experts", "sort_by_expert", "moe_gate_up_mxfp4", "moe_down_mxfp4",
+           "moe_experts_mxfp4"]

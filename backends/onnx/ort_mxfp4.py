@@ -1,0 +1,135 @@
+"""The `ort` flavour's MXFP4 experts: `moe_experts_mxfp4` as one `com.microsoft::MatMulNBits`
+per expert and projection, on an exact re-encoding of the MXFP4 weights as 4-bit integers.
+
+onnxruntime's CPU provider has no float4e2m1 DequantizeLinear; its MatMulNBits takes 2, 4 or
+8-bit integers q with a float scale per block of K, w = (q - zero point) * scale. A code's E2M1
+value v lies in {0, +-0.5, +-1, +-1.5, +-2, +-3, +-4, +-6}, so with the E8M0 byte e of its group
+of 32, w = t * 2^(e - 128) with t = 2v an integer in [-12, 12]:
+
+  - 8 bits hold t as it is (q = 128 + t), but onnxruntime 1.32's CPU kernel for 8 bits with fp32
+    activations (accuracy_level 0 or 1) dequantizes the whole weight on every call: 10.5 ms for a
+    1024 x 1024 weight and one token, against 0.45 ms for a float32 MatMul (single thread, shared
+    machine); its fast 8-bit kernel (accuracy_level 4) quantizes the activations to int8.
+  - 4 bits (fp32 activations, a fast kernel: 0.22 ms there) hold 16 levels, t needs 25: so t is
+    split as t = a + b, a = clamp(t, -8, 7), b = t - a in [-4, 5], both 4-bit with the default
+    zero point 8 and the same scale 2^(e - 128). One MatMulNBits of K' = 2K multiplies
+    [x, x] by [W_a | W_b]: sum_k x_k a_k s + sum_k x_k b_k s = x . w.
+
+Every factor is exact in float32 (a, b and t are small integers, s a power of two), so
+W_a + W_b is the MXFP4 decode bit for bit (E8M0 255 gives a NaN scale), but for the code of -0,
+which becomes +0 (an integer has no signed zero; -0 == +0 in every sum that is not all zeros).
+The only rounding is the GEMM's own, over 2K products. (A weight past float32's range, 6 * 2^127
+at e = 254, is inf in the decode but two finite halves here; no checkpoint holds one.)
+
+The re-encoding happens at lowering time into initializers: per weight two 4-bit codes and two
+4-byte scales per 32, 1.25 bytes against MXFP4's 0.53125 (and float32's 4). accuracy_level 0
+keeps the activations fp32.
+
+QMoE (com.microsoft, onnxruntime 1.32) is not used: its CPU kernel refuses a SiTU activation
+(K3's experts: "Unsupported MoE activation type"), and for block-wise 8-bit experts it quantizes
+the activations to int8 at every accuracy level, which is not the fp32 computation.
+
+The experts are unrolled over the static expert count: the slots sorted by expert (ort.py's
+counting sort), [rows, rows] split by the per-expert counts, one MatMulNBits each for gate/up,
+the activation once over all slots, again split and one MatMulNBits each for down, the outputs
+gathered back to slot order, weighted and summed per token. Per expert and layer only its two
+MatMulNBits are nodes; an expert with no slot runs on zero rows, so a decode step takes the
+same form and reads only the routed experts' weights.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ...ir import Graph, Node
+from ...ir import dims as D
+from ...kernels.mxfp4.naive import E8M0_NAN, GROUP_SIZE, e2m1_table, unpack_codes
+from .builder import MS_DOMAIN
+from .functions.mlp import activation, sorted_slots
+from .lower import tensor_proto
+from .ort import MAX_UNROLLED_EXPERTS, mapping
+
+BITS = 4
+ZERO_POINT = 8  # MatMulNBits' default zero point for 4 bits (2^(bits-1)): left out of the graph
+
+
+def nbits4_pair(packed: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """MXFP4 `packed` [N, K/2] and E8M0 `scale` [N, K/32] (uint8) -> MatMulNBits' B for
+    K' = 2K, [N, 2K/32, 16] uint8 (the 4-bit q = 8 + a of the first K, then q = 8 + b; low
+    nibble first), and its scales [N, 2K/32] float32 (2^(e - 128), twice)."""
+    N, K = packed.shape[0], 2 * packed.shape[1]
+    t = (2 * e2m1_table()).to(torch.int32)[unpack_codes(packed).to(torch.int64)]  # 2v in [-12, 12]
+    a = t.clamp(-8, 7)
+    q = torch.cat([a, t - a], dim=1) + ZERO_POINT  # [N, 2K] in [0, 15]
+    q = (q[:, 0::2] | (q[:, 1::2] << 4)).to(torch.uint8)
+    e = scale.to(torch.int32)
+    # 2^(e - 128) from the bits: e - 1 >= 1 is a normal exponent field, e = 1 is 2^-127 (the
+    # subnormal 0x400000), e = 0 is 2^-128 (0x200000); 255 stays NaN
+    bits = torch.where(e >= 2, (e - 1) << 23, torch.where(e == 1, 0x400000, 0x200000))
+    s = torch.where(e == E8M0_NAN, torch.full_like(e, 0x7FC00000), bits).to(torch.int32).view(torch.float32)
+    return q.reshape(N, 2 * K // GROUP_SIZE, GROUP_SIZE // 2), torch.cat([s, s], dim=1)
+
+
+def _static(*dims) -> bool:
+    return all(D.is_static(d) for d in dims)
+
+
+def _applies(node: Node, g: Graph) -> tuple[bool, str]:
+    h, p13, _, p2, _ = (g.types[i] for i in node.inputs[:5])
+    if any(i not in g.weights for i in node.inputs[1:5]):
+        return False, "MatMulNBits needs the packed experts as initializers (they are re-encoded)"
+    if not _static(*p13.shape, *p2.shape):
+        return False, "MatMulNBits needs static expert shapes"
+    if int(p13.shape[0]) > MAX_UNROLLED_EXPERTS:
+        return False, f"more than {MAX_UNROLLED_EXPERTS} experts: the unrolled graph would be too large"
+    if h.dtype != "f32":
+        return False, "f32 activations only (MatMulNBits' scales take the activations' dtype)"
+    return True, ""
+
+
+def _initializers(lx, packed: str, scale: str, e: int) -> tuple[str, str]:
+    """Expert e's MatMulNBits B and scales, made once per weight and expert."""
+    q_name, s_name = f"{packed}.{e}.nbits4x2", f"{scale}.{e}.nbits4x2"
+    if q_name not in lx.initializers:
+        q, s = nbits4_pair(lx.graph.weights[packed][e], lx.graph.weights[scale][e])
+        lx.initializers[q_name], lx.initializers[s_name] = tensor_proto(q_name, q), tensor_proto(s_name, s)
+    return q_name, s_name
+
+
+def _per_expert(lx, rows: str, counts: str, packed: str, scale: str) -> str:
+    """rows [M, K] sorted by expert (counts [E] each) through their experts' weights -> [M, N]:
+    [rows, rows] split by expert, one MatMulNBits of K' = 2K each, the results concatenated."""
+    E, N, half = (int(d) for d in lx.type(packed).shape)
+    b = lx.b
+    parts = b.op("Split", [b.Concat(rows, rows, axis=-1), counts], E, axis=0)
+    outs = []
+    for e, part in enumerate(parts):
+        q, s = _initializers(lx, packed, scale, e)
+        outs.append(b.op("MatMulNBits", [part, q, s], 1, domain=MS_DOMAIN, K=4 * half, N=N, bits=BITS,
+                         block_size=GROUP_SIZE, accuracy_level=0))
+    return b.Concat(*outs, axis=0)
+
+
+@mapping("com.microsoft::MatMulNBits", "moe_experts_mxfp4", supports=_applies)
+def _experts_emit(lx, node):
+    """The slots sorted by expert through MatMulNBits(w13), the activation once over all of
+    them, MatMulNBits(w2): per expert only its two MatMulNBits."""
+    h, idx, w = (lx.x(node.inputs[i]) for i in (0, 5, 6))
+    p13, s13, p2, s2 = node.inputs[1:5]  # the packed weights: re-encoded, never initializers themselves
+    y = lx.out(node, 0)
+    b = lx.b
+    E = int(lx.type(p13).shape[0])
+    k = int(lx.type(node.inputs[5]).shape[1])
+    a = lx.attrs(node)
+    beta = linear_beta = None
+    if a["act"] != "silu":
+        beta = b.param(float(a["beta"]))
+        linear_beta = b.param(float(a["linear_beta"])) if a["linear_beta"] is not None else None
+    counts, dest, perm = sorted_slots(b, idx, E)
+    rows = b.Gather(h, b.Div(perm, b.const(k, "i64")), axis=0)  # [N k, D]: each slot's token
+    gu = _per_expert(lx, rows, counts, p13, s13)  # [N k, 2I] in expert order
+    out = _per_expert(lx, activation(b, gu, a["act"], beta, linear_beta), counts, p2, s2)  # [N k, D_out]
+    per_slot = b.Mul(b.Gather(out, dest, axis=0), b.unsqueeze(b.Reshape(w, b.ints([-1])), 1))
+    D_out = int(lx.type(p2).shape[1])
+    b.ReduceSum(b.Reshape(per_slot, b.ints([-1, k, D_out])), b.ints([1]), keepdims=0, outputs=[y])
+    b.domains.add(MS_DOMAIN)

@@ -113,6 +113,7 @@ def manifest(graphs: dict[str, Graph], target: str, options: dict, seconds: floa
                 "outputs": [_type_entry(name, g.types[v]) for name, v in g.outputs],
                 "id_bounds": _id_bounds(g),
                 "nonpositive": decay_inputs(g),  # log-decays fed as inputs: the kernels assume <= 0
+                **({"dynamic": g.meta["dynamic"]} if "dynamic" in g.meta else {}),  # a module's, as captured
             }
             for entry, g in graphs.items()
         },

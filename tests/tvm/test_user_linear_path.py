@@ -15,12 +15,12 @@ import torch
 import k3c
 from k3c.backends.tvm.inspect import kernel_calls, missing_noalias
 from k3c.backends.tvm.lower import lower_module
+from k3c.backends.tvm.relax_ops import panel_width
 from k3c.backends.tvm.target import make_target
 from k3c.compiler import capture_entries, prepare
 from k3c.models.common import GatedMLP, init_weights
 
 build = importlib.import_module("k3c.backends.tvm.build")
-PANEL = 16
 
 
 class UserBlock(torch.nn.Module):
@@ -61,7 +61,7 @@ def test_every_gemm_calls_the_packed_kernel_with_its_weight_packed_at_load(graph
         x, w = call["args"]
         assert x not in call["params"] and w in call["params"], call  # the packed weight comes from transform_params
         P, K, c = call["params"][w]
-        assert c == PANEL and isinstance(P, int) and isinstance(K, int), call  # the panel layout, no stored weight's
+        assert c == panel_width() and isinstance(P, int) and isinstance(K, int), call  # panels: no stored weight's
 
 
 def test_the_user_module_calls_the_kernels_the_zoo_calls_for_its_gemms(graphs):

@@ -140,3 +140,26 @@ def test_a_zoo_model_refuses_dims():
     model = k3c.models.build("gpt2-tiny")
     with pytest.raises(UsageError, match="zoo model"):
         k3c.compile(model, "reference", (torch.zeros(1, 4, dtype=torch.long),), dims={"input_ids": "B T"})
+
+
+class PublicKernels(torch.nn.Module):
+    """The public kernels as a user calls them, no state given to two of them."""
+
+    def forward(self, q, k, v, g, beta, state):
+        o, S = k3c.kernels.kda(q, k, v, g, beta, initial_state=state)
+        o2, S2 = k3c.kernels.gated_delta_rule(q, k, v, g[..., 0], beta)
+        o3, S3 = k3c.kernels.delta_rule(q, k, v, beta, scale=0.3)
+        return o + o2 + o3, S, S2, S3
+
+
+def test_the_public_kernels_capture_as_one_node_each_with_a_dynamic_length():
+    graph = k3c.capture(PublicKernels(), kda_inputs(1, 16))
+    counts = graph.op_counts()
+    assert counts["kda"] == counts["gated_delta_rule"] == counts["delta_rule"] == 1
+    assert graph.meta["dynamic"]["q"] == "B T _ _"
+    for B, T in ((1, 16), (2, 29)):
+        inputs = kda_inputs(B, T, seed=T)
+        with torch.no_grad():
+            want = PublicKernels()(*inputs)  # eager: the Python recurrences
+        for got, ref in zip(k3c.ir.interpret(graph, *inputs), want):
+            assert_close(got, ref, torch.float32)

@@ -88,3 +88,16 @@ def test_the_user_gemm_keeps_its_accumulators_in_registers(graphs):
         assert body.count("fmuladd") > 0
         assert not re.search(r"\bstore <", body) and not re.search(r"\b[su](div|rem)\b", body), body[:400]
     assert "noalias" in src
+
+
+def test_a_static_gated_mlp_builds_and_equals_eager(tmp_path):
+    """dynamic=False: the SiTU kernel kept out of fusion (FuseTIR refused it beside the static
+    reshapes); the result against eager."""
+    from k3c.numerics import assert_close
+
+    mlp = init_weights(GatedMLP(64, 48), seed=2).eval()
+    x = torch.randn(1, 16, 64, generator=torch.Generator().manual_seed(2))
+    run = k3c.compile(mlp, "tvm", (x,), out_dir=tmp_path / "mlp", dynamic=False)
+    assert run.graphs["forward"].meta["dynamic"] == {}
+    with torch.no_grad():
+        assert_close(run(x), mlp(x), torch.float32)

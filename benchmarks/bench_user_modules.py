@@ -3,7 +3,7 @@
     python benchmarks/bench_user_modules.py                     # T = 1024, every row, every backend
     python benchmarks/bench_user_modules.py --rows linear,gated-mlp --backends tvm --json out.json
 
-Rows: one `nn.Linear(512, 3072)`, a `GatedMLP(512, 1536)` (SiTU), one KDA layer and one MLA
+Rows: one `nn.Linear(512, 3072)`, a `GatedMLP(512, 1536)` (SiLU-GLU), one KDA layer and one MLA
 layer of the zoo's mixers (d = 512, 4 heads of 64 / MLA ranks 128), each on `[1, T, 512]`, and
 `examples/diff_my_model.py`'s hybrid (two KDA layers and an MLA layer with latent MoE, d = 64)
 on `[1, T]` token ids (its prefill). Each module is compiled once per backend with the

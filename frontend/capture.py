@@ -2,8 +2,9 @@
 
 Entries of a zoo model: `prefill` (input_ids [B, T] -> logits, state...), `decode`
 (input_ids [B, 1] and the state -> logits, new state) and `forward` (-> logits). Any other
-nn.Module is captured through its `forward`, with dim 0 of every tensor input named B and
-dim 1 named T unless `dynamic_shapes` says otherwise.
+nn.Module is captured through its `forward`, its inputs named by its parameters, its dynamic
+dims from `dynamic_shapes=` (torch.export's form), `dims=` (named: `{"x": "N _"}`) or the
+default for `[B, T, ...]` modules; the graph's meta says which it took (frontend/dims.py).
 
 With `max_context=N` the zoo entries are the serving forms: prefill takes (input_ids, lengths)
 of right-padded prompts (T <= N) and returns every cache at capacity [B, N, ...] and the
@@ -20,7 +21,9 @@ import torch
 from torch.export import Dim
 from torch.utils import _pytree as pytree
 
+from ..errors import CaptureError, UsageError
 from ..ir import Graph, verify
+from . import dims as D
 from .export import export
 from .source import describe
 from .table import TABLE
@@ -140,6 +143,18 @@ def _dynamic_spec(model, entry: str, args: tuple, dynamic: bool):
     return tuple(specs)
 
 
+def _module_spec(args: tuple, names: list[str], dynamic: bool, dynamic_shapes, dims, max_t):
+    """(spec, how) of a module's forward: torch.export's own, the named short form, the default
+    guess, or all static (frontend/dims.py)."""
+    if dynamic_shapes is not None:
+        return D.by_position(dynamic_shapes, names), "dynamic_shapes="
+    if dims is not None:
+        return D.named_spec(dims, names, args), "dims="
+    if not dynamic:
+        return None, "dynamic=False"
+    return D.default_spec(args, max_t), "the default"
+
+
 def _flat_spec(spec) -> list:
     """The per-tensor {axis: Dim} dicts of a dynamic_shapes spec, in argument order."""
     return pytree.tree_flatten(spec, is_leaf=lambda x: isinstance(x, dict) and all(isinstance(k, int) for k in x))[0]
@@ -170,7 +185,7 @@ def _meta_growing(state) -> dict[str, set[int]]:
 
 
 def capture(model: torch.nn.Module, example_inputs: tuple, dynamic: bool = True, *,
-            entry: str | None = None, dynamic_shapes=None, name: str | None = None,
+            entry: str | None = None, dynamic_shapes=None, dims: dict | None = None, name: str | None = None,
             verbose: bool = False, max_context: int | None = None) -> Graph:
     """Capture `model` with torch.export into a verified k3c Graph.
 
@@ -180,6 +195,12 @@ def capture(model: torch.nn.Module, example_inputs: tuple, dynamic: bool = True,
     of that many rows; prefill then takes `(input_ids, lengths)`). Raises UnsupportedOpError
     listing every op the frontend does not know, each with the line of model code that
     produced it.
+
+    For a module's forward, `dynamic_shapes` is torch.export's spec (by position or by
+    parameter name) and `dims` the short named form, `{"q": "B T _ _"}` or `{"x": {0: "N"}}`:
+    every dim not named is static. Without either, dim 0 is B and dim 1 of `[B, T, ...]`
+    inputs is T where the sizes agree; a dim torch.export will not take as named or guessed is
+    an InputError naming the input, the axis and the `dims=` to write.
     """
     if not isinstance(example_inputs, tuple):
         example_inputs = (example_inputs,)
@@ -199,14 +220,27 @@ def capture(model: torch.nn.Module, example_inputs: tuple, dynamic: bool = True,
         ids = args[0][:, :1]
         args = (ids, _example_decode_state(model, ids) if not ids.is_meta else _meta_state(model, ids))
     wrapper = _Entry(model, entry, max_context if serving else None) if is_lm else model
-    if dynamic_shapes is not None:
+    if dims is not None and is_lm:
+        raise UsageError("dims= names the inputs of a module's forward; a zoo model's entries have theirs "
+                         "(B, T, P): pass dynamic_shapes= to override them")
+    arg_names = D.input_names(model, args) if not is_lm else []
+    how = None
+    if not is_lm:
+        spec, how = _module_spec(args, arg_names, dynamic, dynamic_shapes, dims, _length_bounds(model)[0])
+    elif dynamic_shapes is not None:
         spec = dynamic_shapes
     else:
         spec = _serving_spec(model, entry, args, dynamic, max_context) if serving else \
             _dynamic_spec(model, entry, args, dynamic)
-    args = _widen_examples(args, spec)
+    examples, args = args, _widen_examples(args, spec)
     t0 = time.perf_counter()
-    ep = export(wrapper, args, spec)
+    try:  # a dim named or guessed is not narrowed to a constant behind the user's back
+        ep = export(wrapper, args, spec, specialise=how not in ("dims=", "the default"))
+    except CaptureError as e:
+        if how in ("dims=", "the default") and D.is_dim_error(e, named=how == "dims="):
+            raise D.refuse(e, spec, arg_names, examples, how, type(model).__name__,
+                           D.default_spec(examples, _length_bounds(model)[0])) from None
+        raise
     unknown = _unknown_ops(ep)
     if unknown:
         ep = ep.run_decompositions(_decompositions())
@@ -216,6 +250,8 @@ def capture(model: torch.nn.Module, example_inputs: tuple, dynamic: bool = True,
     with torch.no_grad():
         outputs = wrapper(*args)
     in_names = _names(args, "input") if entry != "forward" or not is_lm else ["input_ids"]
+    if not is_lm:  # a module's inputs by the names of its forward's parameters
+        in_names = [".".join([arg_names[int(n.split(".")[0])], *n.split(".")[1:]]) for n in in_names]
     if is_lm and serving and entry == "prefill":
         in_names = ["input_ids", "lengths"]
     elif is_lm:
@@ -233,6 +269,11 @@ def capture(model: torch.nn.Module, example_inputs: tuple, dynamic: bool = True,
     if serving:
         graph.meta["max_context"] = max_context
     graph.prune_types()
+    if not is_lm:  # what the capture took as dynamic, and on whose word
+        graph.meta["dynamic"] = D.taken(graph)
+        graph.meta["dims_from"] = how
+        if how == "dims=":
+            D.check_named(graph, spec, arg_names)
     if verbose:
         print(f"captured {graph.name}: {len(graph.nodes)} nodes in {time.perf_counter() - t0:.1f}s")
     return verify(graph)
@@ -257,7 +298,7 @@ def _symbol_names(ep, spec, args) -> dict[sympy.Symbol, str]:
         for axis, dim in dims.items():
             s = val.shape[axis]
             if isinstance(s, torch.SymInt) and isinstance(s.node.expr, sympy.Symbol):
-                names.setdefault(s.node.expr, dim.__name__)
+                names.setdefault(s.node.expr, getattr(dim, "__name__", None) or str(s.node.expr))
     return names
 
 

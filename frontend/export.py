@@ -56,8 +56,9 @@ def _raise_min(spec, lows: dict[str, int]):
     return pytree.tree_map(fix, spec, is_leaf=_is_dim)
 
 
-def _retry_spec(message: str, spec):
-    """A narrower spec that avoids the violated guards, or None when there is none to try."""
+def _retry_spec(message: str, spec, specialise: bool = True):
+    """A narrower spec that avoids the violated guards, or None when there is none to try;
+    torch's suggested fixes (which may make a dim a constant) only with `specialise`."""
     if spec is None or "Constraints violated" not in message:
         return None
     named = re.findall(r"Constraints violated \(([^)]+)\)", message)
@@ -65,6 +66,8 @@ def _retry_spec(message: str, spec):
     if guards and named:
         low = max(int(k) + int(v) + 1 for k, v in guards)  # T != k + v for every guard: start above
         return _raise_min(spec, {n.strip(): low for n in named[0].split(",")})
+    if not specialise:
+        return None
     from torch.export.dynamic_shapes import refine_dynamic_shapes_from_suggested_fixes
 
     try:  # it parses the message itself, which must end with the suggested fixes
@@ -77,13 +80,14 @@ def _retry_spec(message: str, spec):
     return refined
 
 
-def export(module: torch.nn.Module, args: tuple, spec) -> torch.export.ExportedProgram:
-    """torch.export.export (non-strict) of `module` on `args` with dynamic dims `spec`."""
+def export(module: torch.nn.Module, args: tuple, spec, specialise: bool = True) -> torch.export.ExportedProgram:
+    """torch.export.export (non-strict) of `module` on `args` with dynamic dims `spec`; a
+    violated guard is retried narrower (torch's own fixes only with `specialise`)."""
     try:
         return torch.export.export(module, args, dynamic_shapes=spec, strict=False)
     except Exception as e:
         first = e
-    narrower = _retry_spec(str(first), spec)
+    narrower = _retry_spec(str(first), spec, specialise)
     if narrower is not None:
         try:
             return torch.export.export(module, args, dynamic_shapes=narrower, strict=False)

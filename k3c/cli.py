@@ -11,6 +11,7 @@ import argparse
 import sys
 
 from . import cli_checks as checks
+from . import cli_module
 from .errors import UsageError
 
 UserError = UsageError  # an error in what the user asked for: printed as one line, exit status 2
@@ -70,8 +71,10 @@ def _capture_for_cli(args: argparse.Namespace):
 
     pipeline = "default" if (args.after or args.dump_after) and args.pipeline == "none" else args.pipeline
     passes.check_pipeline(pipeline, stop_after=args.after, dump_after=args.dump_after)  # before a slow capture
-    model = _build(models, args)
-    graph = capture(model, (_example_ids(model),), entry=args.entry)
+    if cli_module.is_module(args.model):  # a user's FILE.py:NAME: its forward
+        graph = cli_module.capture(args)
+    else:
+        graph = capture(model := _build(models, args), (_example_ids(model),), entry=args.entry)
     if pipeline != "none":
         report = [] if args.report else None
         graph = passes.run(graph, pipeline, stop_after=args.after, dump_after=args.dump_after,
@@ -224,14 +227,15 @@ def _cmd_compile(args: argparse.Namespace) -> int:
         options["target"] = args.target
     if aot and args.seq_len:
         options["seq_len"] = args.seq_len
-    if args.out is not None:  # before the model is built: a target that may not be replaced fails now
+    if args.out is not None and not cli_module.is_module(args.model):  # a target not to replace fails now
         from .backends import artifact
 
         artifact.check_target(args.out, backend=name, model=args.model, variant=options.get("flavour") or (
             (args.target or "llvm") if name == "tvm" else None), force=args.force)
-    model = _build(models, args)
+    model, example, extra = cli_module.compile_args(args) if cli_module.is_module(args.model) else (
+        _build(models, args), None, {})
     try:
-        compiled = k3c_compile(model, name, (_example_ids(model),), out_dir=args.out,
+        compiled = k3c_compile(model, name, example or (_example_ids(model),), out_dir=args.out, **extra,
                                passes=args.pipeline, verbose=True, force=args.force,
                                pass_options={"verify_each": args.verify, "dump_after": args.dump_after},
                                max_context=args.max_context, cache=args.cache, **options)
@@ -287,6 +291,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--backend", choices=["tvm"], help="print what this backend compiles (tvm: the scheduled TIR)")
     s.add_argument("--target", help="tvm: llvm or cuda (default llvm)")
     _precision_args(s)
+    cli_module.add_args(s)
     s.set_defaults(func=_cmd_show)
 
     s = sub.add_parser("compile", help="compile a model to a backend and write the artifact")
@@ -307,6 +312,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-context", type=checks.count(2), help="fixed-capacity caches of this many rows")
     s.add_argument("--cache", choices=["fixed", "grow"], help="the caches' form (fixed needs --max-context)")
     _precision_args(s)
+    cli_module.add_args(s)
     s.set_defaults(func=_cmd_compile)
 
     s = sub.add_parser("diff", help="run eager and backends on the same inputs; exit 1 when one is off")
@@ -375,18 +381,13 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     return run_cli(args)
 
 
-def _k3c_errors() -> tuple[type, ...]:
-    """k3c's own error types: what they say is meant for the user, without a traceback."""
-    from .errors import user_errors
-
-    return user_errors()
-
-
 def main(argv: list[str] | None = None) -> int:
+    from .errors import user_errors  # k3c's own error types: meant for the user, without a traceback
+
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (KeyError, ValueError, TypeError, FileNotFoundError, ImportError, *_k3c_errors()) as e:
+    except (KeyError, ValueError, TypeError, FileNotFoundError, ImportError, *user_errors()) as e:
         if args.debug:
             raise
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e

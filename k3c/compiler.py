@@ -17,13 +17,18 @@ from .ir import Graph
 
 
 def capture_entries(model: torch.nn.Module, example_inputs: tuple, dynamic: bool = True,
-                    max_context: int | None = None) -> dict[str, Graph]:
+                    max_context: int | None = None, *, dims: dict | None = None,
+                    dynamic_shapes=None) -> dict[str, Graph]:
     """The graphs a backend compiles: prefill and decode for a zoo model, else forward.
-    `max_context=N`: their serving forms, with fixed-capacity caches of N rows (capture)."""
+    `max_context=N`: their serving forms, with fixed-capacity caches of N rows (capture).
+    `dims` / `dynamic_shapes`: a module's dynamic dims, named or as torch.export takes them."""
     if hasattr(model, "prefill") and hasattr(model, "decode"):
+        if dims is not None or dynamic_shapes is not None:
+            raise UsageError("dims= and dynamic_shapes= name the dims of a module's forward; a zoo model's "
+                             "prefill and decode have theirs (B, T, P)")
         return {entry: capture(model, example_inputs, dynamic, entry=entry, max_context=max_context)
                 for entry in ("prefill", "decode")}
-    return {"forward": capture(model, example_inputs, dynamic)}
+    return {"forward": capture(model, example_inputs, dynamic, dims=dims, dynamic_shapes=dynamic_shapes)}
 
 
 def check_state_names(names: list[str], state, model: str | None = None) -> None:
@@ -55,6 +60,20 @@ def rebind_weights(graphs: dict[str, Graph], model: torch.nn.Module) -> dict[str
         g.weights = {w: named[w] for w in g.weights}
         out[entry] = g
     return out
+
+
+def dynamic_line(graphs: dict[str, Graph]) -> str:
+    """One line saying which input dims each entry takes as dynamic (what capture assumed)."""
+    parts = []
+    for entry, g in graphs.items():
+        taken = g.meta.get("dynamic")
+        if taken is None:  # a zoo entry: its token ids' type, as the graph declares it
+            dims = ", ".join(f"{n} {g.types[n]}" for n in g.inputs[:1])
+        else:
+            dims = ", ".join(f"{n} [{form}]" for n, form in taken.items()) or "none"
+        how = f" ({g.meta['dims_from']})" if g.meta.get("dims_from") else ""
+        parts.append(f"{entry}: {dims}{how}")
+    return "dynamic dims: " + "; ".join(parts)
 
 
 class CompiledModel:
@@ -129,7 +148,8 @@ def prepare(graphs: dict[str, Graph], be, passes: str | list[str] = "default",
 def compile(model: torch.nn.Module, backend: str, example_inputs: tuple, out_dir: str | Path | None = None,
             passes: str | list[str] = "default", *, dynamic: bool = True, verbose: bool = False,
             pass_options: dict | None = None, force: bool = False, mesh: str | None = None,
-            max_context: int | None = None, cache: str | None = None, **options) -> CompiledModel:
+            max_context: int | None = None, cache: str | None = None, dims: dict | None = None,
+            dynamic_shapes=None, **options) -> CompiledModel:
     """Compile `model` for `backend` ("reference", "onnx", "tvm", "triton").
 
     Writes the artifact to `out_dir` (a new temporary folder when None) and returns a
@@ -139,6 +159,10 @@ def compile(model: torch.nn.Module, backend: str, example_inputs: tuple, out_dir
     not replaced unless `force`. An op the backend cannot lower is an UnsupportedNodeError
     that names every such node, the backend and the model line. `pass_options` go to
     `k3c.passes.run` (verify_each, dump_after, report).
+
+    A module's dynamic dims: `dims={"x": "N _"}` (named, every other dim static) or
+    `dynamic_shapes=` as torch.export takes it; by default B and T of `[B, T, ...]` inputs
+    (k3c.capture). The graph's meta["dynamic"] says what was taken.
 
     `max_context=N` gives the serving forms (k3c/serving.py): fixed-capacity caches of N rows
     written in place by decode, `positions` in the state, ragged prompts (`lengths`) and a
@@ -162,7 +186,8 @@ def compile(model: torch.nn.Module, backend: str, example_inputs: tuple, out_dir
                               variant=artifact.variant_of(be), force=force)
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
-    graphs = capture_entries(model, example_inputs, dynamic, max_context=max_context)
+    graphs = capture_entries(model, example_inputs, dynamic, max_context=max_context, dims=dims,
+                             dynamic_shapes=dynamic_shapes)
     if max_context is not None:
         graphs = with_last_entry(graphs)
     timings["capture"] = time.perf_counter() - t0
@@ -181,6 +206,7 @@ def compile(model: torch.nn.Module, backend: str, example_inputs: tuple, out_dir
     runner = be.load(out)
     timings["load"] = time.perf_counter() - t0
     if verbose:
+        print(dynamic_line(graphs))
         print(f"compiled {getattr(model, 'name', type(model).__name__)} for {backend} into {out}: "
               + ", ".join(f"{k} {v:.1f}s" for k, v in timings.items()))
     return CompiledModel(runner, graphs, out, backend, timings)

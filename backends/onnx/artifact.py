@@ -82,7 +82,10 @@ def describe_entry(graph: Graph, file: str, state: set[str]) -> dict:
             rows = graph.types[node.inputs[0]].shape[0]
             if isinstance(rows, int):
                 ins[graph.inputs.index(node.inputs[1])]["bounds"] = [0, rows]
-    return {"file": file, "inputs": ins, "outputs": outs}
+    entry = {"file": file, "inputs": ins, "outputs": outs}
+    if "dynamic" in graph.meta:  # a module's capture: the dims it took as dynamic (frontend/dims.py)
+        entry["dynamic"] = graph.meta["dynamic"]
+    return entry
 
 
 def build_manifest(graphs: dict[str, Graph], flavour: str, reports: dict, *, model: str | None,

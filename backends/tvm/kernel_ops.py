@@ -202,7 +202,14 @@ def _moe_down(ctx: LowerContext, node, a, w2, idx, w):
 
 
 def _activation(ctx: LowerContext, x2, rows, I: int, act: str, beta, linear_beta) -> relax.Expr:
-    """The packed SiTU / SiLU-GLU kernel on x2 [rows, 2I] -> [rows, I]."""
+    """The packed SiTU / SiLU-GLU kernel on x2 [rows, 2I] -> [rows, I]. With a static row count
+    (a module captured with dynamic=False) it is kept out of fusion: FuseTIR (TVM 0.27) could
+    not map the kernel's symbolic rows onto the static reshapes fused after it ("Inconsistent
+    buffers ... mapped to the same relax var")."""
+    if isinstance(rows, (int, tirx.IntImm)):
+        gv = ctx.kernel(("situ_packed", I, act, beta, linear_beta, "opaque"),
+                        lambda: situ(I, act, beta, linear_beta, packed=True).with_attr("op_pattern", 8))
+        return ctx.call_tir(gv, [x2], [relax.TensorType([rows, I], "float32")])[0]
     gv = ctx.kernel(("situ_packed", I, act, beta, linear_beta), lambda: situ(I, act, beta, linear_beta, packed=True))
     return ctx.call_tir(gv, [x2], [relax.TensorType([rows, I], "float32")])[0]
 

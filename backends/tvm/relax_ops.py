@@ -9,13 +9,15 @@ build lifts out into the one-time parameter transform, as it does the transposes
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import sympy
 import torch
 from tvm import relax
 
 from ...ir import dims as D
-from ...kernels.common.tvm.gemm import PANEL, packed_linear, packed_rows
+from ...kernels.common.tvm.gemm import PANEL, WIDE_PANEL, packed_linear, packed_rows
 from ...kernels.mxfp4.naive import GROUP_SIZE, e2m1_table, e8m0_to_float
 from ..tables import builtin
 from . import stable
@@ -157,15 +159,26 @@ def decode_step(ctx, value: str) -> bool:
     return t.rank >= 2 and t.shape[-2] == 1
 
 
+@functools.cache
+def panel_width() -> int:
+    """Columns per GEMM panel for the CPU the llvm target builds for (this machine's):
+    two vectors, 32 with AVX-512, else 16 (kernels/common/tvm/gemm.py)."""
+    import tvm
+
+    from .target import make_target
+
+    return WIDE_PANEL if tvm.target.codegen.llvm_cpu_has_features(["avx512f"], make_target("llvm")) else PANEL
+
+
 def packed_gemm(ctx, x2, w, M, N: int, K: int, decode: bool) -> relax.Expr:
     """x2 [M, K] @ w[N, K]^T -> [M, N] through kernels/common/tvm/gemm.py; the packing of w is
     weight-only, so the build lifts it to load time."""
-    c = PANEL
+    c = panel_width()
     P = -(-N // c)
     wpad = w if P * c == N else R.nn.pad(w, [0, P * c - N, 0, 0])
     wp = ctx.bb.emit(R.permute_dims(R.reshape(wpad, [P, c, K]), [0, 2, 1]))
-    rows = packed_rows(decode)
-    gv = ctx.kernel(("packed_linear", K, N, rows), lambda: packed_linear(K, N, rows))
+    rows = packed_rows(decode, c)
+    gv = ctx.kernel(("packed_linear", K, N, rows, c), lambda: packed_linear(K, N, rows, c))
     return ctx.call_tir(gv, [x2, wp], [relax.TensorType([M, N], "float32")])[0]
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from ..exporting import exporting, scale_of, start_state
 from ..validate import check_delta_rule, nothing_to_compute
 from .naive import naive_recurrent_delta_rule
 
@@ -20,6 +21,8 @@ def delta_rule(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """As `k3c.kernels.kda` without a gate."""
     check_delta_rule("delta_rule", q, k, v, None, beta, initial_state, scale, chunk_size, gate=None)
+    if exporting():  # one k3c.delta_rule node, T left dynamic (kernels/exporting.py)
+        return torch.ops.k3c.delta_rule(q, k, v, beta, start_state(q, v, initial_state), scale_of(q, scale))
     if chunk_size is None or nothing_to_compute(q):
         return naive_recurrent_delta_rule(q, k, v, beta, scale, initial_state)
     from .chunk import chunk_delta_rule

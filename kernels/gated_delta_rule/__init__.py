@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from ..exporting import exporting, scale_of, start_state
 from ..validate import check_delta_rule, nothing_to_compute
 from .naive import naive_recurrent_gated_delta_rule
 
@@ -21,6 +22,8 @@ def gated_delta_rule(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """g [B, T, H]; otherwise as `k3c.kernels.kda`."""
     check_delta_rule("gated_delta_rule", q, k, v, g, beta, initial_state, scale, chunk_size, gate="head")
+    if exporting():  # one k3c.gated_delta_rule node, T left dynamic (kernels/exporting.py)
+        return torch.ops.k3c.gated_delta_rule(q, k, v, g, beta, start_state(q, v, initial_state), scale_of(q, scale))
     if chunk_size is None or nothing_to_compute(q):
         return naive_recurrent_gated_delta_rule(q, k, v, g, beta, scale, initial_state)
     from .chunk import chunk_gated_delta_rule

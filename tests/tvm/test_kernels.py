@@ -242,24 +242,24 @@ def test_mla_decode_is_absorbed_by_the_pass_not_the_backend(built):
     assert "mla_latent_attention" in TvmBackend().show({"forward": absorbed})
 
 
-@pytest.mark.parametrize("rows", [1, 6])
+@pytest.mark.parametrize("rows, c", [(1, 16), (6, 16), (1, 32), (8, 32)], ids=lambda v: str(v))
 @pytest.mark.parametrize("N", [32, 40, 7])
 @pytest.mark.parametrize("M", [1, 5, 13])
-def test_packed_linear_against_torch(M, N, rows):
+def test_packed_linear_against_torch(M, N, rows, c):
     """The panel GEMM of `linear` by a weight: M not a multiple of the tile's rows, N not a
     multiple of the panel (padding columns are never written), the weight packed as the
-    backend packs it."""
+    backend packs it, in AVX2's panels (c = 16) and AVX-512's (c = 32)."""
     import tvm
 
     from k3c.backends.tvm.target import make_target
-    from k3c.kernels.common.tvm.gemm import PANEL, packed_linear
+    from k3c.kernels.common.tvm.gemm import packed_linear
 
     K = 20
     gen = torch.Generator().manual_seed(M * 100 + N)
     x, w = torch.randn(M, K, generator=gen), torch.randn(N, K, generator=gen)
-    P = -(-N // PANEL)
-    wp = F.pad(w, (0, 0, 0, P * PANEL - N)).reshape(P, PANEL, K).permute(0, 2, 1).contiguous()
-    lib = tvm.compile(packed_linear(K, N, rows), target=make_target("llvm"))
+    P = -(-N // c)
+    wp = F.pad(w, (0, 0, 0, P * c - N)).reshape(P, c, K).permute(0, 2, 1).contiguous()
+    lib = tvm.compile(packed_linear(K, N, rows, c), target=make_target("llvm"))
     y = tvm.runtime.tensor(torch.full((M, N), float("nan")).numpy())
     lib(tvm.runtime.tensor(x.numpy()), tvm.runtime.tensor(wp.numpy()), y)
     assert_close(torch.from_numpy(y.numpy()), x @ w.T, what=f"packed_linear M={M} N={N} rows={rows}")

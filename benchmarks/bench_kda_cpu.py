@@ -32,6 +32,10 @@ BACKENDS = {"ort C++ LinearAttention": ("onnx", {"flavour": "ort"}), "tvm": ("tv
             "onnx portable": ("onnx", {})}
 
 
+# T dynamic, the state's H static: named, as the default could take a state dim for T
+DIMS = {"q": "B T _ _", "k": "B T _ _", "v": "B T _ _", "g": "B T _ _", "beta": "B T _", "state": "B _ _ _"}
+
+
 class KDACall(torch.nn.Module):
     def forward(self, q, k, v, g, beta, state):
         return k3c.kernels.ops.kda(q, k, v, g, beta, state, K**-0.5)
@@ -70,7 +74,7 @@ def main() -> None:
         for label, (backend, opts) in BACKENDS.items():
             t0 = time.perf_counter()
             run = k3c.compile(KDACall(), backend, inputs(1, 16, H), out_dir=root / f"{label.split()[0]}-{H}",
-                              force=True, **opts)
+                              force=True, dims=DIMS, **opts)
             runners[label] = run
             print(f"H = {H}: {label} compiled in {time.perf_counter() - t0:.1f} s", flush=True)
         for T in args.T:

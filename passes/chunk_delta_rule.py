@@ -16,7 +16,17 @@ Padding T up to a multiple of C is inside chunk_prepare (zeros) and chunk_output
 to T), so any T works. A single step (T the constant 1: decode) keeps the recurrent form.
 This pass is the one place where the prefill form is decided; a backend that takes a
 recurrent op whole (onnxruntime's LinearAttention) asks for it with `keep`.
-Options: chunk_size (default DEFAULT_CHUNK_SIZE, 64), keep (ops to leave whole, default none).
+
+`by="flops"` lets the cost model choose per node: the chunked form is built, costed with each
+op's FLOP rule at the cost binding (passes/cost.py: T = 1024) and kept only when it has fewer
+FLOPs than the recurrent op, else the rewrite is declined and the op stays whole. A backend
+whose target has no matrix units to spend the chunked form's extra FLOPs on asks for it (TVM
+on `llvm`): for K = V = 64 and C = 64 the recurrence is 7 K V FLOPs a token and head against
+the chunked form's 16.4 K V, and the two both grow linearly in T, so the choice holds at
+every length. (The recurrence runs its B x H heads in parallel and T in sequence; FLOPs do
+not see that, so a batch of fewer heads than cores is better chunked on many cores.)
+Options: chunk_size (default DEFAULT_CHUNK_SIZE, 64), keep (ops to leave whole, default none),
+by ("always", the default, or "flops").
 """
 
 from __future__ import annotations
@@ -24,6 +34,7 @@ from __future__ import annotations
 from ..ir import OPS, Graph
 from ..kernels.delta_chunk import DEFAULT_CHUNK_SIZE
 from .builder import Builder
+from .cost import binding, node_cost
 from .driver import Rule, apply_rules
 from .pattern import Match, Op
 from .registry import register_pass
@@ -36,8 +47,16 @@ def _base(m: Match) -> str:
     return m.root.outputs[0].rsplit(".", 1)[0]
 
 
-def _delta(chunk_size: int):
-    def rewrite(m: Match, b: Builder) -> list[str]:
+def _cheaper(m: Match, b: Builder, outs: list[str]) -> list[str] | None:
+    """`outs` when the nodes `b` built have fewer FLOPs than the op they replace, else None."""
+    env = binding(b.graph)
+    types = {**b.graph.types, **b.types}
+    chunked = sum(node_cost(b.graph, n, env, types).flops for n in b.nodes)
+    return outs if chunked < node_cost(b.graph, m.root, env).flops else None
+
+
+def _delta(chunk_size: int, by: str = "always"):
+    def rewrite(m: Match, b: Builder) -> list[str] | None:
         node, base = m.root, _base(m)
         x = dict(zip(OPS[node.op].tensor_inputs, node.inputs))  # q k v [g] beta state, by name
         q, k, v, g, beta, state = x["q"], x["k"], x["v"], x.get("g"), x["beta"], x["state"]
@@ -47,13 +66,14 @@ def _delta(chunk_size: int):
         v_new, starts, state_out = b.op("chunk_state_scan", [w, u, kd, decay, state], name=base)
         o = b.op("chunk_output", [qd, aqk, v_new, starts], name=f"{base}.o", scale=node.attrs["scale"],
                  T=b.type(q).shape[1])
-        return [b.cast(o, b.type(v).dtype), state_out]
+        outs = [b.cast(o, b.type(v).dtype), state_out]
+        return _cheaper(m, b, outs) if by == "flops" else outs
 
     return rewrite
 
 
-def _linear_attention(chunk_size: int):
-    def rewrite(m: Match, b: Builder) -> list[str]:
+def _linear_attention(chunk_size: int, by: str = "always"):
+    def rewrite(m: Match, b: Builder) -> list[str] | None:
         q, k, v, state, z = m.root.inputs
         base = _base(m)
         B, T, H, V = b.type(v).shape
@@ -72,7 +92,8 @@ def _linear_attention(chunk_size: int):
         s_out = b.op("slice", [s1_out], name=f"{base}.s", dim=3, start=0, end=V)
         z_col = b.op("slice", [s1_out], name=f"{base}.z", dim=3, start=V, end=V + 1)
         z_out = b.op("reshape", [z_col], name=f"{base}.z", shape=[B, H, K])
-        return [o, s_out, z_out]
+        outs = [o, s_out, z_out]
+        return _cheaper(m, b, outs) if by == "flops" else outs
 
     return rewrite
 
@@ -85,21 +106,26 @@ def _many_tokens(m: Match) -> bool:
 CHUNKABLE = (*GATES, "linear_attention")
 
 
-def rules(chunk_size: int = DEFAULT_CHUNK_SIZE, keep=()) -> list[Rule]:
-    out = [Rule("chunk-" + op.replace("_", "-"), Op(op, any_inputs=True), _delta(chunk_size), where=_many_tokens)
+def rules(chunk_size: int = DEFAULT_CHUNK_SIZE, keep=(), by: str = "always") -> list[Rule]:
+    out = [Rule("chunk-" + op.replace("_", "-"), Op(op, any_inputs=True), _delta(chunk_size, by), where=_many_tokens)
            for op in GATES if op not in keep]
     if "linear_attention" not in keep:
         out.append(Rule("chunk-linear-attention", Op("linear_attention", any_inputs=True),
-                        _linear_attention(chunk_size), where=_many_tokens))
+                        _linear_attention(chunk_size, by), where=_many_tokens))
     return out
 
 
-@register_pass("chunk-delta-rule", chunk_size=DEFAULT_CHUNK_SIZE, keep=[])
-def chunk_delta_rule(graph: Graph, chunk_size: int = DEFAULT_CHUNK_SIZE, keep=()):
+BY = ("always", "flops")
+
+
+@register_pass("chunk-delta-rule", chunk_size=DEFAULT_CHUNK_SIZE, keep=[], by="always")
+def chunk_delta_rule(graph: Graph, chunk_size: int = DEFAULT_CHUNK_SIZE, keep=(), by: str = "always"):
     """Recurrent kda / gated_delta_rule / delta_rule / linear_attention -> chunked form (prefill only)."""
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"chunk-delta-rule: chunk_size must be a positive int, got {chunk_size!r}")
+    if by not in BY:
+        raise ValueError(f"chunk-delta-rule: by must be one of {BY}, got {by!r}")
     unknown = sorted(set(keep) - set(CHUNKABLE))
     if unknown:
         raise ValueError(f"chunk-delta-rule: keep names ops it does not chunk: {unknown}; it chunks {CHUNKABLE}")
-    return apply_rules(graph, rules(chunk_size, keep))
+    return apply_rules(graph, rules(chunk_size, keep, by))

@@ -71,17 +71,22 @@ def check_steps(steps: list, stop_after: str | None = None, dump_after: str | No
     return parsed
 
 
-def for_backend(steps: list, keep=(), compute: str | None = None) -> list:
+def for_backend(steps: list, keep=(), compute: str | None = None, chunk_by: str | None = None) -> list:
     """`steps` as a backend needs them: the ops it takes whole (`keep`) stay whole through
-    chunk-delta-rule (the one place the prefill form is decided), and a backend that computes
-    in one dtype (`compute`: the CPU backends' float32) gets compute-dtype before the final
-    sweep. Steps stay text, so the pipeline an artifact records reads back."""
+    chunk-delta-rule (the one place the prefill form is decided), a backend that lets the
+    cost model pick the form (`chunk_by="flops"`) says so to that pass unless the pipeline
+    already does, and a backend that computes in one dtype (`compute`: the CPU backends'
+    float32) gets compute-dtype before the final sweep. Steps stay text, so the pipeline an
+    artifact records reads back."""
     keep = sorted(set(keep))
     out = []
     for step in steps:
         name, opts = parse_step(step)
         if name == "chunk-delta-rule" and keep:
-            step = format_step(name, {**opts, "keep": sorted(set(opts.get("keep", [])) | set(keep))})
+            opts = {**opts, "keep": sorted(set(opts.get("keep", [])) | set(keep))}
+            step = format_step(name, opts)
+        if name == "chunk-delta-rule" and chunk_by is not None and "by" not in opts:
+            step = format_step(name, {**opts, "by": chunk_by})
         out.append(step)
     if compute is not None and not any(parse_step(s)[0] == "compute-dtype" for s in out):
         at = len(out) - 1 if out and parse_step(out[-1])[0] == "dce" else len(out)

@@ -41,6 +41,13 @@ class TvmBackend:
             raise ValueError(f"tvm: unknown target {target!r}; known: {', '.join(KINDS)}")
         self.target, self.options = target, ({"arch": arch} if arch else {})
 
+    @property
+    def chunk_by(self) -> str | None:
+        """The prefill form of the recurrent ops: on a CPU (`llvm`) the cost model's choice
+        (chunk-delta-rule by="flops": the recurrence, with fewer FLOPs, ran 2 to 2.4 times
+        faster than the chunked kernels at T = 64 to 8192, BENCHMARKS.md); on `cuda` chunked."""
+        return "flops" if self.target == "llvm" else None
+
     def is_available(self) -> tuple[bool, str]:
         return True, ""
 

@@ -90,16 +90,18 @@ class MoE(nn.Module):
             self.shared_experts = GatedMLP(d, intermediate * num_shared, act, situ_beta,
                                            situ_linear_beta)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, T, d = x.shape
-        x2 = x.reshape(B * T, d)
+    def route(self, x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Tokens [N, d] -> (expert ids [N, k], combine weights [N, k]): sigmoid scores, top-k on
+        the scores plus the correction bias (ties: the lower index), optionally renormalised."""
         s = torch.sigmoid(F.linear(x2.float(), self.gate.weight.float()))
         idx = ops.topk(s + self.gate.e_score_correction_bias.float(), self.top_k, -1)[1]  # ties: lower index
         w = s.gather(-1, idx)
         if self.renormalize:
             w = w / (w.sum(-1, keepdim=True) + 1e-20)
-        w = w * self.scaling
-        h = self.routed_expert_down_proj(x2) if hasattr(self, "routed_expert_down_proj") else x2
+        return idx, w * self.scaling
+
+    def routed(self, h: torch.Tensor, idx: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """The routed experts on h [N, width]: each slot's expert, weighted and summed per token."""
         ex = self.experts
         if isinstance(ex, MXFP4Experts):
             gu = ops.moe_gate_up_mxfp4(h, ex.w13_packed, ex.w13_scale, idx)
@@ -108,9 +110,15 @@ class MoE(nn.Module):
         a = activate(gu[..., : self.I], gu[..., self.I :], self.act, self.situ_beta,
                      self.situ_linear_beta)
         if isinstance(ex, MXFP4Experts):
-            y = ops.moe_down_mxfp4(a, ex.w2_packed, ex.w2_scale, idx, w)
-        else:
-            y = ops.moe_down(a, ex.w2, idx, w)
+            return ops.moe_down_mxfp4(a, ex.w2_packed, ex.w2_scale, idx, w)
+        return ops.moe_down(a, ex.w2, idx, w)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, d = x.shape
+        x2 = x.reshape(B * T, d)
+        idx, w = self.route(x2)
+        h = self.routed_expert_down_proj(x2) if hasattr(self, "routed_expert_down_proj") else x2
+        y = self.routed(h, idx, w)
         if hasattr(self, "routed_expert_norm"):
             y = self.routed_expert_norm(y)
         if hasattr(self, "routed_expert_up_proj"):

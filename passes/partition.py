@@ -34,7 +34,7 @@ import torch.nn as nn
 
 from ..kernels import ops
 from ..kernels.collectives import current
-from ..models.common import GatedMLP, activate
+from ..models.common import GatedMLP
 from ..models.kda_layer import KDAMixer
 from ..models.mla_layer import MLAMixer
 from ..models.moe_layer import MoE, MXFP4Experts
@@ -78,27 +78,13 @@ class ShardedMoE(MoE):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, d = x.shape
         x2 = x.reshape(B * T, d)
-        s = torch.sigmoid(torch.nn.functional.linear(x2.float(), self.gate.weight.float()))
-        idx = ops.topk(s + self.gate.e_score_correction_bias.float(), self.top_k, -1)[1]  # ties: lower index, as MoE
-        w = s.gather(-1, idx)
-        if self.renormalize:
-            w = w / (w.sum(-1, keepdim=True) + 1e-20)
-        w = w * self.scaling
+        idx, w = self.route(x2)  # every rank routes every token, as the MoE it shards
         local = idx - self.expert_lo  # a buffer, not a constant: every rank's graph is one capture
         below, above = local < 0, local > self.n_local - 1  # slots of another rank's experts ...
         w = w.masked_fill(below, 0.0).masked_fill(above, 0.0)  # ... add nothing here
         local = local.masked_fill(below, 0).masked_fill(above, 0)
         h = self.routed_expert_down_proj(x2) if hasattr(self, "routed_expert_down_proj") else x2
-        ex = self.experts
-        if isinstance(ex, MXFP4Experts):
-            gu = ops.moe_gate_up_mxfp4(h, ex.w13_packed, ex.w13_scale, local)
-        else:
-            gu = ops.moe_gate_up(h, ex.w13, local)
-        a = activate(gu[..., : self.I], gu[..., self.I:], self.act, self.situ_beta, self.situ_linear_beta)
-        if isinstance(ex, MXFP4Experts):
-            y = ops.moe_down_mxfp4(a, ex.w2_packed, ex.w2_scale, local, w)
-        else:
-            y = ops.moe_down(a, ex.w2, local, w)
+        y = self.routed(h, local, w)
         # summed as [B, T, width]: a value crossing a collective keeps dims its segment can bind
         y = _reduce(y.view(B, T, -1), self.group)
         if hasattr(self, "routed_expert_norm"):

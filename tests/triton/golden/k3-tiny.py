@@ -178,22 +178,22 @@ def prefill(W, input_ids):
     stack_2 = torch.stack([embedding, add_7], dim=0)
     attn_res_mix_2 = attn_res_mix(stack_2, W['model.layers.1.mlp_res_proj.weight.reshape'], W['model.layers.1.mlp_res_norm.weight'], 1e-05)
     rms_norm_5 = rms_norm(attn_res_mix_2, W['model.layers.1.post_attention_layernorm.weight'], 1e-05)  # models/common.py:34
-    reshape_2 = rms_norm_5.reshape((B*T, 256))  # models/moe_layer.py:95
-    linear_19_merged = F.linear(reshape_2, W['model.layers.1.block_sparse_moe.gate-routed_expert_down_proj.weight'])  # models/moe_layer.py:96
-    linear_19_merged_0, linear_19_merged_1 = torch.split(linear_19_merged, [8, 128], dim=1)  # models/moe_layer.py:96
-    sigmoid_7 = rt.elementwise(ew1, (B*T, 8), torch.float32, linear_19_merged_0)  # models/moe_layer.py:96
-    add_8 = rt.broadcast(ew3, (B*T, 8), torch.float32, sigmoid_7, W['model.layers.1.block_sparse_moe.gate.e_score_correction_bias'])  # models/moe_layer.py:97
-    topk_0, topk_1 = topk(add_8, 2, -1)  # models/moe_layer.py:97
-    gather = torch.gather(sigmoid_7, 1, topk_1)  # models/moe_layer.py:98
-    sum_5 = gather.sum(dim=(1,), keepdim=True)  # models/moe_layer.py:100
-    div_2 = rt.broadcast(ew4, (B*T, 2), torch.float32, sum_5, gather)  # models/moe_layer.py:100
-    moe_experts_7 = moe_experts(linear_19_merged_1, W['model.layers.1.block_sparse_moe.experts.w13'], W['model.layers.1.block_sparse_moe.experts.w2'], topk_1, div_2, 'situ', 4.0, 25.0)  # models/moe_layer.py:113
-    rms_norm_6 = rms_norm(moe_experts_7, None, 1e-05)  # models/moe_layer.py:117
-    linear_21 = F.linear(rms_norm_6, W['model.layers.1.block_sparse_moe.routed_expert_up_proj.weight.normed'])  # models/moe_layer.py:117
+    reshape_2 = rms_norm_5.reshape((B*T, 256))  # models/moe_layer.py:118
+    linear_19_merged = F.linear(reshape_2, W['model.layers.1.block_sparse_moe.gate-routed_expert_down_proj.weight'])  # models/moe_layer.py:119
+    linear_19_merged_0, linear_19_merged_1 = torch.split(linear_19_merged, [8, 128], dim=1)  # models/moe_layer.py:119
+    sigmoid_7 = rt.elementwise(ew1, (B*T, 8), torch.float32, linear_19_merged_0)  # models/moe_layer.py:119
+    add_8 = rt.broadcast(ew3, (B*T, 8), torch.float32, sigmoid_7, W['model.layers.1.block_sparse_moe.gate.e_score_correction_bias'])  # models/moe_layer.py:119
+    topk_0, topk_1 = topk(add_8, 2, -1)  # models/moe_layer.py:119
+    gather = torch.gather(sigmoid_7, 1, topk_1)  # models/moe_layer.py:119
+    sum_5 = gather.sum(dim=(1,), keepdim=True)  # models/moe_layer.py:119
+    div_2 = rt.broadcast(ew4, (B*T, 2), torch.float32, sum_5, gather)  # models/moe_layer.py:119
+    moe_experts_7 = moe_experts(linear_19_merged_1, W['model.layers.1.block_sparse_moe.experts.w13'], W['model.layers.1.block_sparse_moe.experts.w2'], topk_1, div_2, 'situ', 4.0, 25.0)  # models/moe_layer.py:121
+    rms_norm_6 = rms_norm(moe_experts_7, None, 1e-05)  # models/moe_layer.py:125
+    linear_21 = F.linear(rms_norm_6, W['model.layers.1.block_sparse_moe.routed_expert_up_proj.weight.normed'])  # models/moe_layer.py:125
     gated_mlp_7 = gated_mlp(reshape_2, W['model.layers.1.block_sparse_moe.shared_experts.gate_up_proj.weight'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:50
     linear_24 = F.linear(gated_mlp_7, W['model.layers.1.block_sparse_moe.shared_experts.down_proj.weight'])  # models/common.py:50
-    add_10 = rt.elementwise(ew2, (B*T, 256), torch.float32, linear_21, linear_24)  # models/moe_layer.py:119
-    view_23 = add_10.reshape((B, T, 256))  # models/moe_layer.py:120
+    add_10 = rt.elementwise(ew2, (B*T, 256), torch.float32, linear_21, linear_24)  # models/moe_layer.py:127
+    view_23 = add_10.reshape((B, T, 256))  # models/moe_layer.py:128
     add_11 = rt.elementwise(ew2, (B, T, 256), torch.float32, add_7, view_23)
     stack_3 = torch.stack([embedding, add_11], dim=0)
     attn_res_mix_3 = attn_res_mix(stack_3, W['model.layers.2.self_attention_res_proj.weight.reshape'], W['model.layers.2.self_attention_res_norm.weight'], 1e-05)
@@ -223,22 +223,22 @@ def prefill(W, input_ids):
     stack_4 = torch.stack([embedding, add_15], dim=0)
     attn_res_mix_4 = attn_res_mix(stack_4, W['model.layers.2.mlp_res_proj.weight.reshape'], W['model.layers.2.mlp_res_norm.weight'], 1e-05)
     rms_norm_9 = rms_norm(attn_res_mix_4, W['model.layers.2.post_attention_layernorm.weight'], 1e-05)  # models/common.py:34
-    reshape_4 = rms_norm_9.reshape((B*T, 256))  # models/moe_layer.py:95
-    linear_33_merged = F.linear(reshape_4, W['model.layers.2.block_sparse_moe.gate-routed_expert_down_proj.weight'])  # models/moe_layer.py:96
-    linear_33_merged_0, linear_33_merged_1 = torch.split(linear_33_merged, [8, 128], dim=1)  # models/moe_layer.py:96
-    sigmoid_13 = rt.elementwise(ew1, (B*T, 8), torch.float32, linear_33_merged_0)  # models/moe_layer.py:96
-    add_16 = rt.broadcast(ew3, (B*T, 8), torch.float32, sigmoid_13, W['model.layers.2.block_sparse_moe.gate.e_score_correction_bias'])  # models/moe_layer.py:97
-    topk_1_0, topk_1_1 = topk(add_16, 2, -1)  # models/moe_layer.py:97
-    gather_1 = torch.gather(sigmoid_13, 1, topk_1_1)  # models/moe_layer.py:98
-    sum_8 = gather_1.sum(dim=(1,), keepdim=True)  # models/moe_layer.py:100
-    div_7 = rt.broadcast(ew4, (B*T, 2), torch.float32, sum_8, gather_1)  # models/moe_layer.py:100
-    moe_experts_6 = moe_experts(linear_33_merged_1, W['model.layers.2.block_sparse_moe.experts.w13'], W['model.layers.2.block_sparse_moe.experts.w2'], topk_1_1, div_7, 'situ', 4.0, 25.0)  # models/moe_layer.py:113
-    rms_norm_10 = rms_norm(moe_experts_6, None, 1e-05)  # models/moe_layer.py:117
-    linear_35 = F.linear(rms_norm_10, W['model.layers.2.block_sparse_moe.routed_expert_up_proj.weight.normed'])  # models/moe_layer.py:117
+    reshape_4 = rms_norm_9.reshape((B*T, 256))  # models/moe_layer.py:118
+    linear_33_merged = F.linear(reshape_4, W['model.layers.2.block_sparse_moe.gate-routed_expert_down_proj.weight'])  # models/moe_layer.py:119
+    linear_33_merged_0, linear_33_merged_1 = torch.split(linear_33_merged, [8, 128], dim=1)  # models/moe_layer.py:119
+    sigmoid_13 = rt.elementwise(ew1, (B*T, 8), torch.float32, linear_33_merged_0)  # models/moe_layer.py:119
+    add_16 = rt.broadcast(ew3, (B*T, 8), torch.float32, sigmoid_13, W['model.layers.2.block_sparse_moe.gate.e_score_correction_bias'])  # models/moe_layer.py:119
+    topk_1_0, topk_1_1 = topk(add_16, 2, -1)  # models/moe_layer.py:119
+    gather_1 = torch.gather(sigmoid_13, 1, topk_1_1)  # models/moe_layer.py:119
+    sum_8 = gather_1.sum(dim=(1,), keepdim=True)  # models/moe_layer.py:119
+    div_7 = rt.broadcast(ew4, (B*T, 2), torch.float32, sum_8, gather_1)  # models/moe_layer.py:119
+    moe_experts_6 = moe_experts(linear_33_merged_1, W['model.layers.2.block_sparse_moe.experts.w13'], W['model.layers.2.block_sparse_moe.experts.w2'], topk_1_1, div_7, 'situ', 4.0, 25.0)  # models/moe_layer.py:121
+    rms_norm_10 = rms_norm(moe_experts_6, None, 1e-05)  # models/moe_layer.py:125
+    linear_35 = F.linear(rms_norm_10, W['model.layers.2.block_sparse_moe.routed_expert_up_proj.weight.normed'])  # models/moe_layer.py:125
     gated_mlp_6 = gated_mlp(reshape_4, W['model.layers.2.block_sparse_moe.shared_experts.gate_up_proj.weight'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:50
     linear_38 = F.linear(gated_mlp_6, W['model.layers.2.block_sparse_moe.shared_experts.down_proj.weight'])  # models/common.py:50
-    add_18 = rt.elementwise(ew2, (B*T, 256), torch.float32, linear_35, linear_38)  # models/moe_layer.py:119
-    view_36 = add_18.reshape((B, T, 256))  # models/moe_layer.py:120
+    add_18 = rt.elementwise(ew2, (B*T, 256), torch.float32, linear_35, linear_38)  # models/moe_layer.py:127
+    view_36 = add_18.reshape((B, T, 256))  # models/moe_layer.py:128
     add_19 = rt.elementwise(ew2, (B, T, 256), torch.float32, add_15, view_36)
     stack_5 = torch.stack([embedding, add_19], dim=0)
     attn_res_mix_5 = attn_res_mix(stack_5, W['model.layers.3.self_attention_res_proj.weight.reshape'], W['model.layers.3.self_attention_res_norm.weight'], 1e-05)
@@ -257,22 +257,22 @@ def prefill(W, input_ids):
     stack_6 = torch.stack([embedding, add_19, linear_43], dim=0)
     attn_res_mix_6 = attn_res_mix(stack_6, W['model.layers.3.mlp_res_proj.weight.reshape'], W['model.layers.3.mlp_res_norm.weight'], 1e-05)
     rms_norm_14 = rms_norm(attn_res_mix_6, W['model.layers.3.post_attention_layernorm.weight'], 1e-05)  # models/common.py:34
-    reshape_6 = rms_norm_14.reshape((B*T, 256))  # models/moe_layer.py:95
-    linear_44_merged = F.linear(reshape_6, W['model.layers.3.block_sparse_moe.gate-routed_expert_down_proj.weight'])  # models/moe_layer.py:96
-    linear_44_merged_0, linear_44_merged_1 = torch.split(linear_44_merged, [8, 128], dim=1)  # models/moe_layer.py:96
-    sigmoid_17 = rt.elementwise(ew1, (B*T, 8), torch.float32, linear_44_merged_0)  # models/moe_layer.py:96
-    add_20 = rt.broadcast(ew3, (B*T, 8), torch.float32, sigmoid_17, W['model.layers.3.block_sparse_moe.gate.e_score_correction_bias'])  # models/moe_layer.py:97
-    topk_2_0, topk_2_1 = topk(add_20, 2, -1)  # models/moe_layer.py:97
-    gather_2 = torch.gather(sigmoid_17, 1, topk_2_1)  # models/moe_layer.py:98
-    sum_9 = gather_2.sum(dim=(1,), keepdim=True)  # models/moe_layer.py:100
-    div_12 = rt.broadcast(ew4, (B*T, 2), torch.float32, sum_9, gather_2)  # models/moe_layer.py:100
-    moe_experts_5 = moe_experts(linear_44_merged_1, W['model.layers.3.block_sparse_moe.experts.w13'], W['model.layers.3.block_sparse_moe.experts.w2'], topk_2_1, div_12, 'situ', 4.0, 25.0)  # models/moe_layer.py:113
-    rms_norm_15 = rms_norm(moe_experts_5, None, 1e-05)  # models/moe_layer.py:117
-    linear_46 = F.linear(rms_norm_15, W['model.layers.3.block_sparse_moe.routed_expert_up_proj.weight.normed'])  # models/moe_layer.py:117
+    reshape_6 = rms_norm_14.reshape((B*T, 256))  # models/moe_layer.py:118
+    linear_44_merged = F.linear(reshape_6, W['model.layers.3.block_sparse_moe.gate-routed_expert_down_proj.weight'])  # models/moe_layer.py:119
+    linear_44_merged_0, linear_44_merged_1 = torch.split(linear_44_merged, [8, 128], dim=1)  # models/moe_layer.py:119
+    sigmoid_17 = rt.elementwise(ew1, (B*T, 8), torch.float32, linear_44_merged_0)  # models/moe_layer.py:119
+    add_20 = rt.broadcast(ew3, (B*T, 8), torch.float32, sigmoid_17, W['model.layers.3.block_sparse_moe.gate.e_score_correction_bias'])  # models/moe_layer.py:119
+    topk_2_0, topk_2_1 = topk(add_20, 2, -1)  # models/moe_layer.py:119
+    gather_2 = torch.gather(sigmoid_17, 1, topk_2_1)  # models/moe_layer.py:119
+    sum_9 = gather_2.sum(dim=(1,), keepdim=True)  # models/moe_layer.py:119
+    div_12 = rt.broadcast(ew4, (B*T, 2), torch.float32, sum_9, gather_2)  # models/moe_layer.py:119
+    moe_experts_5 = moe_experts(linear_44_merged_1, W['model.layers.3.block_sparse_moe.experts.w13'], W['model.layers.3.block_sparse_moe.experts.w2'], topk_2_1, div_12, 'situ', 4.0, 25.0)  # models/moe_layer.py:121
+    rms_norm_15 = rms_norm(moe_experts_5, None, 1e-05)  # models/moe_layer.py:125
+    linear_46 = F.linear(rms_norm_15, W['model.layers.3.block_sparse_moe.routed_expert_up_proj.weight.normed'])  # models/moe_layer.py:125
     gated_mlp_5 = gated_mlp(reshape_6, W['model.layers.3.block_sparse_moe.shared_experts.gate_up_proj.weight'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:50
     linear_49 = F.linear(gated_mlp_5, W['model.layers.3.block_sparse_moe.shared_experts.down_proj.weight'])  # models/common.py:50
-    add_22 = rt.elementwise(ew2, (B*T, 256), torch.float32, linear_46, linear_49)  # models/moe_layer.py:119
-    view_40 = add_22.reshape((B, T, 256))  # models/moe_layer.py:120
+    add_22 = rt.elementwise(ew2, (B*T, 256), torch.float32, linear_46, linear_49)  # models/moe_layer.py:127
+    view_40 = add_22.reshape((B, T, 256))  # models/moe_layer.py:128
     add_23 = rt.elementwise(ew2, (B, T, 256), torch.float32, linear_43, view_40)
     stack_7 = torch.stack([embedding, add_19, add_23], dim=0)
     attn_res_mix_7 = attn_res_mix(stack_7, W['model.layers.4.self_attention_res_proj.weight.reshape'], W['model.layers.4.self_attention_res_norm.weight'], 1e-05)
@@ -302,22 +302,22 @@ def prefill(W, input_ids):
     stack_8 = torch.stack([embedding, add_19, add_27], dim=0)
     attn_res_mix_8 = attn_res_mix(stack_8, W['model.layers.4.mlp_res_proj.weight.reshape'], W['model.layers.4.mlp_res_norm.weight'], 1e-05)
     rms_norm_18 = rms_norm(attn_res_mix_8, W['model.layers.4.post_attention_layernorm.weight'], 1e-05)  # models/common.py:34
-    reshape_8 = rms_norm_18.reshape((B*T, 256))  # models/moe_layer.py:95
-    linear_58_merged = F.linear(reshape_8, W['model.layers.4.block_sparse_moe.gate-routed_expert_down_proj.weight'])  # models/moe_layer.py:96
-    linear_58_merged_0, linear_58_merged_1 = torch.split(linear_58_merged, [8, 128], dim=1)  # models/moe_layer.py:96
-    sigmoid_23 = rt.elementwise(ew1, (B*T, 8), torch.float32, linear_58_merged_0)  # models/moe_layer.py:96
-    add_28 = rt.broadcast(ew3, (B*T, 8), torch.float32, sigmoid_23, W['model.layers.4.block_sparse_moe.gate.e_score_correction_bias'])  # models/moe_layer.py:97
-    topk_3_0, topk_3_1 = topk(add_28, 2, -1)  # models/moe_layer.py:97
-    gather_3 = torch.gather(sigmoid_23, 1, topk_3_1)  # models/moe_layer.py:98
-    sum_12 = gather_3.sum(dim=(1,), keepdim=True)  # models/moe_layer.py:100
-    div_17 = rt.broadcast(ew4, (B*T, 2), torch.float32, sum_12, gather_3)  # models/moe_layer.py:100
-    moe_experts_4 = moe_experts(linear_58_merged_1, W['model.layers.4.block_sparse_moe.experts.w13'], W['model.layers.4.block_sparse_moe.experts.w2'], topk_3_1, div_17, 'situ', 4.0, 25.0)  # models/moe_layer.py:113
-    rms_norm_19 = rms_norm(moe_experts_4, None, 1e-05)  # models/moe_layer.py:117
-    linear_60 = F.linear(rms_norm_19, W['model.layers.4.block_sparse_moe.routed_expert_up_proj.weight.normed'])  # models/moe_layer.py:117
+    reshape_8 = rms_norm_18.reshape((B*T, 256))  # models/moe_layer.py:118
+    linear_58_merged = F.linear(reshape_8, W['model.layers.4.block_sparse_moe.gate-routed_expert_down_proj.weight'])  # models/moe_layer.py:119
+    linear_58_merged_0, linear_58_merged_1 = torch.split(linear_58_merged, [8, 128], dim=1)  # models/moe_layer.py:119
+    sigmoid_23 = rt.elementwise(ew1, (B*T, 8), torch.float32, linear_58_merged_0)  # models/moe_layer.py:119
+    add_28 = rt.broadcast(ew3, (B*T, 8), torch.float32, sigmoid_23, W['model.layers.4.block_sparse_moe.gate.e_score_correction_bias'])  # models/moe_layer.py:119
+    topk_3_0, topk_3_1 = topk(add_28, 2, -1)  # models/moe_layer.py:119
+    gather_3 = torch.gather(sigmoid_23, 1, topk_3_1)  # models/moe_layer.py:119
+    sum_12 = gather_3.sum(dim=(1,), keepdim=True)  # models/moe_layer.py:119
+    div_17 = rt.broadcast(ew4, (B*T, 2), torch.float32, sum_12, gather_3)  # models/moe_layer.py:119
+    moe_experts_4 = moe_experts(linear_58_merged_1, W['model.layers.4.block_sparse_moe.experts.w13'], W['model.layers.4.block_sparse_moe.experts.w2'], topk_3_1, div_17, 'situ', 4.0, 25.0)  # models/moe_layer.py:121
+    rms_norm_19 = rms_norm(moe_experts_4, None, 1e-05)  # models/moe_layer.py:125
+    linear_60 = F.linear(rms_norm_19, W['model.layers.4.block_sparse_moe.routed_expert_up_proj.weight.normed'])  # models/moe_layer.py:125
     gated_mlp_4 = gated_mlp(reshape_8, W['model.layers.4.block_sparse_moe.shared_experts.gate_up_proj.weight'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:50
     linear_63 = F.linear(gated_mlp_4, W['model.layers.4.block_sparse_moe.shared_experts.down_proj.weight'])  # models/common.py:50
-    add_30 = rt.elementwise(ew2, (B*T, 256), torch.float32, linear_60, linear_63)  # models/moe_layer.py:119
-    view_53 = add_30.reshape((B, T, 256))  # models/moe_layer.py:120
+    add_30 = rt.elementwise(ew2, (B*T, 256), torch.float32, linear_60, linear_63)  # models/moe_layer.py:127
+    view_53 = add_30.reshape((B, T, 256))  # models/moe_layer.py:128
     add_31 = rt.elementwise(ew2, (B, T, 256), torch.float32, add_27, view_53)
     stack_9 = torch.stack([embedding, add_19, add_31], dim=0)
     attn_res_mix_9 = attn_res_mix(stack_9, W['model.layers.5.self_attention_res_proj.weight.reshape'], W['model.layers.5.self_attention_res_norm.weight'], 1e-05)
@@ -347,22 +347,22 @@ def prefill(W, input_ids):
     stack_10 = torch.stack([embedding, add_19, add_35], dim=0)
     attn_res_mix_10 = attn_res_mix(stack_10, W['model.layers.5.mlp_res_proj.weight.reshape'], W['model.layers.5.mlp_res_norm.weight'], 1e-05)
     rms_norm_22 = rms_norm(attn_res_mix_10, W['model.layers.5.post_attention_layernorm.weight'], 1e-05)  # models/common.py:34
-    reshape_10 = rms_norm_22.reshape((B*T, 256))  # models/moe_layer.py:95
-    linear_72_merged = F.linear(reshape_10, W['model.layers.5.block_sparse_moe.gate-routed_expert_down_proj.weight'])  # models/moe_layer.py:96
-    linear_72_merged_0, linear_72_merged_1 = torch.split(linear_72_merged, [8, 128], dim=1)  # models/moe_layer.py:96
-    sigmoid_29 = rt.elementwise(ew1, (B*T, 8), torch.float32, linear_72_merged_0)  # models/moe_layer.py:96
-    add_36 = rt.broadcast(ew3, (B*T, 8), torch.float32, sigmoid_29, W['model.layers.5.block_sparse_moe.gate.e_score_correction_bias'])  # models/moe_layer.py:97
-    topk_4_0, topk_4_1 = topk(add_36, 2, -1)  # models/moe_layer.py:97
-    gather_4 = torch.gather(sigmoid_29, 1, topk_4_1)  # models/moe_layer.py:98
-    sum_15 = gather_4.sum(dim=(1,), keepdim=True)  # models/moe_layer.py:100
-    div_22 = rt.broadcast(ew4, (B*T, 2), torch.float32, sum_15, gather_4)  # models/moe_layer.py:100
-    moe_experts_3 = moe_experts(linear_72_merged_1, W['model.layers.5.block_sparse_moe.experts.w13'], W['model.layers.5.block_sparse_moe.experts.w2'], topk_4_1, div_22, 'situ', 4.0, 25.0)  # models/moe_layer.py:113
-    rms_norm_23 = rms_norm(moe_experts_3, None, 1e-05)  # models/moe_layer.py:117
-    linear_74 = F.linear(rms_norm_23, W['model.layers.5.block_sparse_moe.routed_expert_up_proj.weight.normed'])  # models/moe_layer.py:117
+    reshape_10 = rms_norm_22.reshape((B*T, 256))  # models/moe_layer.py:118
+    linear_72_merged = F.linear(reshape_10, W['model.layers.5.block_sparse_moe.gate-routed_expert_down_proj.weight'])  # models/moe_layer.py:119
+    linear_72_merged_0, linear_72_merged_1 = torch.split(linear_72_merged, [8, 128], dim=1)  # models/moe_layer.py:119
+    sigmoid_29 = rt.elementwise(ew1, (B*T, 8), torch.float32, linear_72_merged_0)  # models/moe_layer.py:119
+    add_36 = rt.broadcast(ew3, (B*T, 8), torch.float32, sigmoid_29, W['model.layers.5.block_sparse_moe.gate.e_score_correction_bias'])  # models/moe_layer.py:119
+    topk_4_0, topk_4_1 = topk(add_36, 2, -1)  # models/moe_layer.py:119
+    gather_4 = torch.gather(sigmoid_29, 1, topk_4_1)  # models/moe_layer.py:119
+    sum_15 = gather_4.sum(dim=(1,), keepdim=True)  # models/moe_layer.py:119
+    div_22 = rt.broadcast(ew4, (B*T, 2), torch.float32, sum_15, gather_4)  # models/moe_layer.py:119
+    moe_experts_3 = moe_experts(linear_72_merged_1, W['model.layers.5.block_sparse_moe.experts.w13'], W['model.layers.5.block_sparse_moe.experts.w2'], topk_4_1, div_22, 'situ', 4.0, 25.0)  # models/moe_layer.py:121
+    rms_norm_23 = rms_norm(moe_experts_3, None, 1e-05)  # models/moe_layer.py:125
+    linear_74 = F.linear(rms_norm_23, W['model.layers.5.block_sparse_moe.routed_expert_up_proj.weight.normed'])  # models/moe_layer.py:125
     gated_mlp_3 = gated_mlp(reshape_10, W['model.layers.5.block_sparse_moe.shared_experts.gate_up_proj.weight'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:50
     linear_77 = F.linear(gated_mlp_3, W['model.layers.5.block_sparse_moe.shared_experts.down_proj.weight'])  # models/common.py:50
-    add_38 = rt.elementwise(ew2, (B*T, 256), torch.float32, linear_74, linear_77)  # models/moe_layer.py:119
-    view_66 = add_38.reshape((B, T, 256))  # models/moe_layer.py:120
+    add_38 = rt.elementwise(ew2, (B*T, 256), torch.float32, linear_74, linear_77)  # models/moe_layer.py:127
+    view_66 = add_38.reshape((B, T, 256))  # models/moe_layer.py:128
     add_39 = rt.elementwise(ew2, (B, T, 256), torch.float32, add_35, view_66)
     stack_11 = torch.stack([embedding, add_19, add_39], dim=0)
     attn_res_mix_11 = attn_res_mix(stack_11, W['model.layers.6.self_attention_res_proj.weight.reshape'], W['model.layers.6.self_attention_res_norm.weight'], 1e-05)
@@ -391,22 +391,22 @@ def prefill(W, input_ids):
     stack_12 = torch.stack([embedding, add_19, add_39, linear_85], dim=0)
     attn_res_mix_12 = attn_res_mix(stack_12, W['model.layers.6.mlp_res_proj.weight.reshape'], W['model.layers.6.mlp_res_norm.weight'], 1e-05)
     rms_norm_26 = rms_norm(attn_res_mix_12, W['model.layers.6.post_attention_layernorm.weight'], 1e-05)  # models/common.py:34
-    reshape_12 = rms_norm_26.reshape((B*T, 256))  # models/moe_layer.py:95
-    linear_86_merged = F.linear(reshape_12, W['model.layers.6.block_sparse_moe.gate-routed_expert_down_proj.weight'])  # models/moe_layer.py:96
-    linear_86_merged_0, linear_86_merged_1 = torch.split(linear_86_merged, [8, 128], dim=1)  # models/moe_layer.py:96
-    sigmoid_35 = rt.elementwise(ew1, (B*T, 8), torch.float32, linear_86_merged_0)  # models/moe_layer.py:96
-    add_43 = rt.broadcast(ew3, (B*T, 8), torch.float32, sigmoid_35, W['model.layers.6.block_sparse_moe.gate.e_score_correction_bias'])  # models/moe_layer.py:97
-    topk_5_0, topk_5_1 = topk(add_43, 2, -1)  # models/moe_layer.py:97
-    gather_5 = torch.gather(sigmoid_35, 1, topk_5_1)  # models/moe_layer.py:98
-    sum_18 = gather_5.sum(dim=(1,), keepdim=True)  # models/moe_layer.py:100
-    div_27 = rt.broadcast(ew4, (B*T, 2), torch.float32, sum_18, gather_5)  # models/moe_layer.py:100
-    moe_experts_2 = moe_experts(linear_86_merged_1, W['model.layers.6.block_sparse_moe.experts.w13'], W['model.layers.6.block_sparse_moe.experts.w2'], topk_5_1, div_27, 'situ', 4.0, 25.0)  # models/moe_layer.py:113
-    rms_norm_27 = rms_norm(moe_experts_2, None, 1e-05)  # models/moe_layer.py:117
-    linear_88 = F.linear(rms_norm_27, W['model.layers.6.block_sparse_moe.routed_expert_up_proj.weight.normed'])  # models/moe_layer.py:117
+    reshape_12 = rms_norm_26.reshape((B*T, 256))  # models/moe_layer.py:118
+    linear_86_merged = F.linear(reshape_12, W['model.layers.6.block_sparse_moe.gate-routed_expert_down_proj.weight'])  # models/moe_layer.py:119
+    linear_86_merged_0, linear_86_merged_1 = torch.split(linear_86_merged, [8, 128], dim=1)  # models/moe_layer.py:119
+    sigmoid_35 = rt.elementwise(ew1, (B*T, 8), torch.float32, linear_86_merged_0)  # models/moe_layer.py:119
+    add_43 = rt.broadcast(ew3, (B*T, 8), torch.float32, sigmoid_35, W['model.layers.6.block_sparse_moe.gate.e_score_correction_bias'])  # models/moe_layer.py:119
+    topk_5_0, topk_5_1 = topk(add_43, 2, -1)  # models/moe_layer.py:119
+    gather_5 = torch.gather(sigmoid_35, 1, topk_5_1)  # models/moe_layer.py:119
+    sum_18 = gather_5.sum(dim=(1,), keepdim=True)  # models/moe_layer.py:119
+    div_27 = rt.broadcast(ew4, (B*T, 2), torch.float32, sum_18, gather_5)  # models/moe_layer.py:119
+    moe_experts_2 = moe_experts(linear_86_merged_1, W['model.layers.6.block_sparse_moe.experts.w13'], W['model.layers.6.block_sparse_moe.experts.w2'], topk_5_1, div_27, 'situ', 4.0, 25.0)  # models/moe_layer.py:121
+    rms_norm_27 = rms_norm(moe_experts_2, None, 1e-05)  # models/moe_layer.py:125
+    linear_88 = F.linear(rms_norm_27, W['model.layers.6.block_sparse_moe.routed_expert_up_proj.weight.normed'])  # models/moe_layer.py:125
     gated_mlp_2 = gated_mlp(reshape_12, W['model.layers.6.block_sparse_moe.shared_experts.gate_up_proj.weight'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:50
     linear_91 = F.linear(gated_mlp_2, W['model.layers.6.block_sparse_moe.shared_experts.down_proj.weight'])  # models/common.py:50
-    add_45 = rt.elementwise(ew2, (B*T, 256), torch.float32, linear_88, linear_91)  # models/moe_layer.py:119
-    view_79 = add_45.reshape((B, T, 256))  # models/moe_layer.py:120
+    add_45 = rt.elementwise(ew2, (B*T, 256), torch.float32, linear_88, linear_91)  # models/moe_layer.py:127
+    view_79 = add_45.reshape((B, T, 256))  # models/moe_layer.py:128
     add_46 = rt.elementwise(ew2, (B, T, 256), torch.float32, linear_85, view_79)
     stack_13 = torch.stack([embedding, add_19, add_39, add_46], dim=0)
     attn_res_mix_13 = attn_res_mix(stack_13, W['model.layers.7.self_attention_res_proj.weight.reshape'], W['model.layers.7.self_attention_res_norm.weight'], 1e-05)
@@ -426,22 +426,22 @@ def prefill(W, input_ids):
     stack_14 = torch.stack([embedding, add_19, add_39, add_47], dim=0)
     attn_res_mix_14 = attn_res_mix(stack_14, W['model.layers.7.mlp_res_proj.weight.reshape'], W['model.layers.7.mlp_res_norm.weight'], 1e-05)
     rms_norm_31 = rms_norm(attn_res_mix_14, W['model.layers.7.post_attention_layernorm.weight'], 1e-05)  # models/common.py:34
-    reshape_14 = rms_norm_31.reshape((B*T, 256))  # models/moe_layer.py:95
-    linear_97_merged = F.linear(reshape_14, W['model.layers.7.block_sparse_moe.gate-routed_expert_down_proj.weight'])  # models/moe_layer.py:96
-    linear_97_merged_0, linear_97_merged_1 = torch.split(linear_97_merged, [8, 128], dim=1)  # models/moe_layer.py:96
-    sigmoid_39 = rt.elementwise(ew1, (B*T, 8), torch.float32, linear_97_merged_0)  # models/moe_layer.py:96
-    add_48 = rt.broadcast(ew3, (B*T, 8), torch.float32, sigmoid_39, W['model.layers.7.block_sparse_moe.gate.e_score_correction_bias'])  # models/moe_layer.py:97
-    topk_6_0, topk_6_1 = topk(add_48, 2, -1)  # models/moe_layer.py:97
-    gather_6 = torch.gather(sigmoid_39, 1, topk_6_1)  # models/moe_layer.py:98
-    sum_19 = gather_6.sum(dim=(1,), keepdim=True)  # models/moe_layer.py:100
-    div_32 = rt.broadcast(ew4, (B*T, 2), torch.float32, sum_19, gather_6)  # models/moe_layer.py:100
-    moe_experts_1 = moe_experts(linear_97_merged_1, W['model.layers.7.block_sparse_moe.experts.w13'], W['model.layers.7.block_sparse_moe.experts.w2'], topk_6_1, div_32, 'situ', 4.0, 25.0)  # models/moe_layer.py:113
-    rms_norm_32 = rms_norm(moe_experts_1, None, 1e-05)  # models/moe_layer.py:117
-    linear_99 = F.linear(rms_norm_32, W['model.layers.7.block_sparse_moe.routed_expert_up_proj.weight.normed'])  # models/moe_layer.py:117
+    reshape_14 = rms_norm_31.reshape((B*T, 256))  # models/moe_layer.py:118
+    linear_97_merged = F.linear(reshape_14, W['model.layers.7.block_sparse_moe.gate-routed_expert_down_proj.weight'])  # models/moe_layer.py:119
+    linear_97_merged_0, linear_97_merged_1 = torch.split(linear_97_merged, [8, 128], dim=1)  # models/moe_layer.py:119
+    sigmoid_39 = rt.elementwise(ew1, (B*T, 8), torch.float32, linear_97_merged_0)  # models/moe_layer.py:119
+    add_48 = rt.broadcast(ew3, (B*T, 8), torch.float32, sigmoid_39, W['model.layers.7.block_sparse_moe.gate.e_score_correction_bias'])  # models/moe_layer.py:119
+    topk_6_0, topk_6_1 = topk(add_48, 2, -1)  # models/moe_layer.py:119
+    gather_6 = torch.gather(sigmoid_39, 1, topk_6_1)  # models/moe_layer.py:119
+    sum_19 = gather_6.sum(dim=(1,), keepdim=True)  # models/moe_layer.py:119
+    div_32 = rt.broadcast(ew4, (B*T, 2), torch.float32, sum_19, gather_6)  # models/moe_layer.py:119
+    moe_experts_1 = moe_experts(linear_97_merged_1, W['model.layers.7.block_sparse_moe.experts.w13'], W['model.layers.7.block_sparse_moe.experts.w2'], topk_6_1, div_32, 'situ', 4.0, 25.0)  # models/moe_layer.py:121
+    rms_norm_32 = rms_norm(moe_experts_1, None, 1e-05)  # models/moe_layer.py:125
+    linear_99 = F.linear(rms_norm_32, W['model.layers.7.block_sparse_moe.routed_expert_up_proj.weight.normed'])  # models/moe_layer.py:125
     gated_mlp_1 = gated_mlp(reshape_14, W['model.layers.7.block_sparse_moe.shared_experts.gate_up_proj.weight'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:50
     linear_102 = F.linear(gated_mlp_1, W['model.layers.7.block_sparse_moe.shared_experts.down_proj.weight'])  # models/common.py:50
-    add_50 = rt.elementwise(ew2, (B*T, 256), torch.float32, linear_99, linear_102)  # models/moe_layer.py:119
-    view_83 = add_50.reshape((B, T, 256))  # models/moe_layer.py:120
+    add_50 = rt.elementwise(ew2, (B*T, 256), torch.float32, linear_99, linear_102)  # models/moe_layer.py:127
+    view_83 = add_50.reshape((B, T, 256))  # models/moe_layer.py:128
     add_51 = rt.elementwise(ew2, (B, T, 256), torch.float32, add_47, view_83)
     stack_15 = torch.stack([embedding, add_19, add_39, add_51], dim=0)
     attn_res_mix_15 = attn_res_mix(stack_15, W['model.layers.8.self_attention_res_proj.weight.reshape'], W['model.layers.8.self_attention_res_norm.weight'], 1e-05)
@@ -461,22 +461,22 @@ def prefill(W, input_ids):
     stack_16 = torch.stack([embedding, add_19, add_39, add_52], dim=0)
     attn_res_mix_16 = attn_res_mix(stack_16, W['model.layers.8.mlp_res_proj.weight.reshape'], W['model.layers.8.mlp_res_norm.weight'], 1e-05)
     rms_norm_36 = rms_norm(attn_res_mix_16, W['model.layers.8.post_attention_layernorm.weight'], 1e-05)  # models/common.py:34
-    reshape_16 = rms_norm_36.reshape((B*T, 256))  # models/moe_layer.py:95
-    linear_108_merged = F.linear(reshape_16, W['model.layers.8.block_sparse_moe.gate-routed_expert_down_proj.weight'])  # models/moe_layer.py:96
-    linear_108_merged_0, linear_108_merged_1 = torch.split(linear_108_merged, [8, 128], dim=1)  # models/moe_layer.py:96
-    sigmoid_43 = rt.elementwise(ew1, (B*T, 8), torch.float32, linear_108_merged_0)  # models/moe_layer.py:96
-    add_53 = rt.broadcast(ew3, (B*T, 8), torch.float32, sigmoid_43, W['model.layers.8.block_sparse_moe.gate.e_score_correction_bias'])  # models/moe_layer.py:97
-    topk_7_0, topk_7_1 = topk(add_53, 2, -1)  # models/moe_layer.py:97
-    gather_7 = torch.gather(sigmoid_43, 1, topk_7_1)  # models/moe_layer.py:98
-    sum_20 = gather_7.sum(dim=(1,), keepdim=True)  # models/moe_layer.py:100
-    div_37 = rt.broadcast(ew4, (B*T, 2), torch.float32, sum_20, gather_7)  # models/moe_layer.py:100
-    moe_experts_ = moe_experts(linear_108_merged_1, W['model.layers.8.block_sparse_moe.experts.w13'], W['model.layers.8.block_sparse_moe.experts.w2'], topk_7_1, div_37, 'situ', 4.0, 25.0)  # models/moe_layer.py:113
-    rms_norm_37 = rms_norm(moe_experts_, None, 1e-05)  # models/moe_layer.py:117
-    linear_110 = F.linear(rms_norm_37, W['model.layers.8.block_sparse_moe.routed_expert_up_proj.weight.normed'])  # models/moe_layer.py:117
+    reshape_16 = rms_norm_36.reshape((B*T, 256))  # models/moe_layer.py:118
+    linear_108_merged = F.linear(reshape_16, W['model.layers.8.block_sparse_moe.gate-routed_expert_down_proj.weight'])  # models/moe_layer.py:119
+    linear_108_merged_0, linear_108_merged_1 = torch.split(linear_108_merged, [8, 128], dim=1)  # models/moe_layer.py:119
+    sigmoid_43 = rt.elementwise(ew1, (B*T, 8), torch.float32, linear_108_merged_0)  # models/moe_layer.py:119
+    add_53 = rt.broadcast(ew3, (B*T, 8), torch.float32, sigmoid_43, W['model.layers.8.block_sparse_moe.gate.e_score_correction_bias'])  # models/moe_layer.py:119
+    topk_7_0, topk_7_1 = topk(add_53, 2, -1)  # models/moe_layer.py:119
+    gather_7 = torch.gather(sigmoid_43, 1, topk_7_1)  # models/moe_layer.py:119
+    sum_20 = gather_7.sum(dim=(1,), keepdim=True)  # models/moe_layer.py:119
+    div_37 = rt.broadcast(ew4, (B*T, 2), torch.float32, sum_20, gather_7)  # models/moe_layer.py:119
+    moe_experts_ = moe_experts(linear_108_merged_1, W['model.layers.8.block_sparse_moe.experts.w13'], W['model.layers.8.block_sparse_moe.experts.w2'], topk_7_1, div_37, 'situ', 4.0, 25.0)  # models/moe_layer.py:121
+    rms_norm_37 = rms_norm(moe_experts_, None, 1e-05)  # models/moe_layer.py:125
+    linear_110 = F.linear(rms_norm_37, W['model.layers.8.block_sparse_moe.routed_expert_up_proj.weight.normed'])  # models/moe_layer.py:125
     gated_mlp_ = gated_mlp(reshape_16, W['model.layers.8.block_sparse_moe.shared_experts.gate_up_proj.weight'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:50
     linear_113 = F.linear(gated_mlp_, W['model.layers.8.block_sparse_moe.shared_experts.down_proj.weight'])  # models/common.py:50
-    add_55 = rt.elementwise(ew2, (B*T, 256), torch.float32, linear_110, linear_113)  # models/moe_layer.py:119
-    view_87 = add_55.reshape((B, T, 256))  # models/moe_layer.py:120
+    add_55 = rt.elementwise(ew2, (B*T, 256), torch.float32, linear_110, linear_113)  # models/moe_layer.py:127
+    view_87 = add_55.reshape((B, T, 256))  # models/moe_layer.py:128
     add_56 = rt.elementwise(ew2, (B, T, 256), torch.float32, add_52, view_87)
     stack_17 = torch.stack([embedding, add_19, add_39, add_56], dim=0)
     attn_res_mix_17 = attn_res_mix(stack_17, W['model.output_attn_res_proj.weight.reshape'], W['model.output_attn_res_norm.weight'], 1e-05)
@@ -543,22 +543,22 @@ def decode(W, input_ids, layers_0_S, layers_0_conv_q, layers_0_conv_k, layers_0_
     stack_2 = torch.stack([embedding, add_7], dim=0)
     attn_res_mix_2 = attn_res_mix(stack_2, W['model.layers.1.mlp_res_proj.weight.reshape'], W['model.layers.1.mlp_res_norm.weight'], 1e-05)
     rms_norm_5 = rms_norm(attn_res_mix_2, W['model.layers.1.post_attention_layernorm.weight'], 1e-05)  # models/common.py:34
-    reshape_2 = rms_norm_5.reshape((B, 256))  # models/moe_layer.py:95
-    linear_19_merged = F.linear(reshape_2, W['model.layers.1.block_sparse_moe.gate-routed_expert_down_proj.weight'])  # models/moe_layer.py:96
-    linear_19_merged_0, linear_19_merged_1 = torch.split(linear_19_merged, [8, 128], dim=1)  # models/moe_layer.py:96
-    sigmoid_7 = rt.elementwise(ew1, (B, 8), torch.float32, linear_19_merged_0)  # models/moe_layer.py:96
-    add_8 = rt.broadcast(ew3, (B, 8), torch.float32, sigmoid_7, W['model.layers.1.block_sparse_moe.gate.e_score_correction_bias'])  # models/moe_layer.py:97
-    topk_0, topk_1 = topk(add_8, 2, -1)  # models/moe_layer.py:97
-    gather = torch.gather(sigmoid_7, 1, topk_1)  # models/moe_layer.py:98
-    sum_5 = gather.sum(dim=(1,), keepdim=True)  # models/moe_layer.py:100
-    div_2 = rt.broadcast(ew4, (B, 2), torch.float32, sum_5, gather)  # models/moe_layer.py:100
-    moe_experts_7 = moe_experts(linear_19_merged_1, W['model.layers.1.block_sparse_moe.experts.w13'], W['model.layers.1.block_sparse_moe.experts.w2'], topk_1, div_2, 'situ', 4.0, 25.0)  # models/moe_layer.py:113
-    rms_norm_6 = rms_norm(moe_experts_7, None, 1e-05)  # models/moe_layer.py:117
-    linear_21 = F.linear(rms_norm_6, W['model.layers.1.block_sparse_moe.routed_expert_up_proj.weight.normed'])  # models/moe_layer.py:117
+    reshape_2 = rms_norm_5.reshape((B, 256))  # models/moe_layer.py:118
+    linear_19_merged = F.linear(reshape_2, W['model.layers.1.block_sparse_moe.gate-routed_expert_down_proj.weight'])  # models/moe_layer.py:119
+    linear_19_merged_0, linear_19_merged_1 = torch.split(linear_19_merged, [8, 128], dim=1)  # models/moe_layer.py:119
+    sigmoid_7 = rt.elementwise(ew1, (B, 8), torch.float32, linear_19_merged_0)  # models/moe_layer.py:119
+    add_8 = rt.broadcast(ew3, (B, 8), torch.float32, sigmoid_7, W['model.layers.1.block_sparse_moe.gate.e_score_correction_bias'])  # models/moe_layer.py:119
+    topk_0, topk_1 = topk(add_8, 2, -1)  # models/moe_layer.py:119
+    gather = torch.gather(sigmoid_7, 1, topk_1)  # models/moe_layer.py:119
+    sum_5 = gather.sum(dim=(1,), keepdim=True)  # models/moe_layer.py:119
+    div_2 = rt.broadcast(ew4, (B, 2), torch.float32, sum_5, gather)  # models/moe_layer.py:119
+    moe_experts_7 = moe_experts(linear_19_merged_1, W['model.layers.1.block_sparse_moe.experts.w13'], W['model.layers.1.block_sparse_moe.experts.w2'], topk_1, div_2, 'situ', 4.0, 25.0)  # models/moe_layer.py:121
+    rms_norm_6 = rms_norm(moe_experts_7, None, 1e-05)  # models/moe_layer.py:125
+    linear_21 = F.linear(rms_norm_6, W['model.layers.1.block_sparse_moe.routed_expert_up_proj.weight.normed'])  # models/moe_layer.py:125
     gated_mlp_7 = gated_mlp(reshape_2, W['model.layers.1.block_sparse_moe.shared_experts.gate_up_proj.weight'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:50
     linear_24 = F.linear(gated_mlp_7, W['model.layers.1.block_sparse_moe.shared_experts.down_proj.weight'])  # models/common.py:50
-    add_10 = rt.elementwise(ew2, (B, 256), torch.float32, linear_21, linear_24)  # models/moe_layer.py:119
-    view_23 = add_10.reshape((B, 1, 256))  # models/moe_layer.py:120
+    add_10 = rt.elementwise(ew2, (B, 256), torch.float32, linear_21, linear_24)  # models/moe_layer.py:127
+    view_23 = add_10.reshape((B, 1, 256))  # models/moe_layer.py:128
     add_11 = rt.elementwise(ew2, (B, 1, 256), torch.float32, add_7, view_23)
     stack_3 = torch.stack([embedding, add_11], dim=0)
     attn_res_mix_3 = attn_res_mix(stack_3, W['model.layers.2.self_attention_res_proj.weight.reshape'], W['model.layers.2.self_attention_res_norm.weight'], 1e-05)
@@ -586,22 +586,22 @@ def decode(W, input_ids, layers_0_S, layers_0_conv_q, layers_0_conv_k, layers_0_
     stack_4 = torch.stack([embedding, add_15], dim=0)
     attn_res_mix_4 = attn_res_mix(stack_4, W['model.layers.2.mlp_res_proj.weight.reshape'], W['model.layers.2.mlp_res_norm.weight'], 1e-05)
     rms_norm_9 = rms_norm(attn_res_mix_4, W['model.layers.2.post_attention_layernorm.weight'], 1e-05)  # models/common.py:34
-    reshape_4 = rms_norm_9.reshape((B, 256))  # models/moe_layer.py:95
-    linear_33_merged = F.linear(reshape_4, W['model.layers.2.block_sparse_moe.gate-routed_expert_down_proj.weight'])  # models/moe_layer.py:96
-    linear_33_merged_0, linear_33_merged_1 = torch.split(linear_33_merged, [8, 128], dim=1)  # models/moe_layer.py:96
-    sigmoid_13 = rt.elementwise(ew1, (B, 8), torch.float32, linear_33_merged_0)  # models/moe_layer.py:96
-    add_16 = rt.broadcast(ew3, (B, 8), torch.float32, sigmoid_13, W['model.layers.2.block_sparse_moe.gate.e_score_correction_bias'])  # models/moe_layer.py:97
-    topk_1_0, topk_1_1 = topk(add_16, 2, -1)  # models/moe_layer.py:97
-    gather_1 = torch.gather(sigmoid_13, 1, topk_1_1)  # models/moe_layer.py:98
-    sum_8 = gather_1.sum(dim=(1,), keepdim=True)  # models/moe_layer.py:100
-    div_7 = rt.broadcast(ew4, (B, 2), torch.float32, sum_8, gather_1)  # models/moe_layer.py:100
-    moe_experts_6 = moe_experts(linear_33_merged_1, W['model.layers.2.block_sparse_moe.experts.w13'], W['model.layers.2.block_sparse_moe.experts.w2'], topk_1_1, div_7, 'situ', 4.0, 25.0)  # models/moe_layer.py:113
-    rms_norm_10 = rms_norm(moe_experts_6, None, 1e-05)  # models/moe_layer.py:117
-    linear_35 = F.linear(rms_norm_10, W['model.layers.2.block_sparse_moe.routed_expert_up_proj.weight.normed'])  # models/moe_layer.py:117
+    reshape_4 = rms_norm_9.reshape((B, 256))  # models/moe_layer.py:118
+    linear_33_merged = F.linear(reshape_4, W['model.layers.2.block_sparse_moe.gate-routed_expert_down_proj.weight'])  # models/moe_layer.py:119
+    linear_33_merged_0, linear_33_merged_1 = torch.split(linear_33_merged, [8, 128], dim=1)  # models/moe_layer.py:119
+    sigmoid_13 = rt.elementwise(ew1, (B, 8), torch.float32, linear_33_merged_0)  # models/moe_layer.py:119
+    add_16 = rt.broadcast(ew3, (B, 8), torch.float32, sigmoid_13, W['model.layers.2.block_sparse_moe.gate.e_score_correction_bias'])  # models/moe_layer.py:119
+    topk_1_0, topk_1_1 = topk(add_16, 2, -1)  # models/moe_layer.py:119
+    gather_1 = torch.gather(sigmoid_13, 1, topk_1_1)  # models/moe_layer.py:119
+    sum_8 = gather_1.sum(dim=(1,), keepdim=True)  # models/moe_layer.py:119
+    div_7 = rt.broadcast(ew4, (B, 2), torch.float32, sum_8, gather_1)  # models/moe_layer.py:119
+    moe_experts_6 = moe_experts(linear_33_merged_1, W['model.layers.2.block_sparse_moe.experts.w13'], W['model.layers.2.block_sparse_moe.experts.w2'], topk_1_1, div_7, 'situ', 4.0, 25.0)  # models/moe_layer.py:121
+    rms_norm_10 = rms_norm(moe_experts_6, None, 1e-05)  # models/moe_layer.py:125
+    linear_35 = F.linear(rms_norm_10, W['model.layers.2.block_sparse_moe.routed_expert_up_proj.weight.normed'])  # models/moe_layer.py:125
     gated_mlp_6 = gated_mlp(reshape_4, W['model.layers.2.block_sparse_moe.shared_experts.gate_up_proj.weight'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:50
     linear_38 = F.linear(gated_mlp_6, W['model.layers.2.block_sparse_moe.shared_experts.down_proj.weight'])  # models/common.py:50
-    add_18 = rt.elementwise(ew2, (B, 256), torch.float32, linear_35, linear_38)  # models/moe_layer.py:119
-    view_36 = add_18.reshape((B, 1, 256))  # models/moe_layer.py:120
+    add_18 = rt.elementwise(ew2, (B, 256), torch.float32, linear_35, linear_38)  # models/moe_layer.py:127
+    view_36 = add_18.reshape((B, 1, 256))  # models/moe_layer.py:128
     add_19 = rt.elementwise(ew2, (B, 1, 256), torch.float32, add_15, view_36)
     stack_5 = torch.stack([embedding, add_19], dim=0)
     attn_res_mix_5 = attn_res_mix(stack_5, W['model.layers.3.self_attention_res_proj.weight.reshape'], W['model.layers.3.self_attention_res_norm.weight'], 1e-05)
@@ -622,22 +622,22 @@ def decode(W, input_ids, layers_0_S, layers_0_conv_q, layers_0_conv_k, layers_0_
     stack_6 = torch.stack([embedding, add_19, linear_43], dim=0)
     attn_res_mix_6 = attn_res_mix(stack_6, W['model.layers.3.mlp_res_proj.weight.reshape'], W['model.layers.3.mlp_res_norm.weight'], 1e-05)
     rms_norm_14 = rms_norm(attn_res_mix_6, W['model.layers.3.post_attention_layernorm.weight'], 1e-05)  # models/common.py:34
-    reshape_6 = rms_norm_14.reshape((B, 256))  # models/moe_layer.py:95
-    linear_44_merged = F.linear(reshape_6, W['model.layers.3.block_sparse_moe.gate-routed_expert_down_proj.weight'])  # models/moe_layer.py:96
-    linear_44_merged_0, linear_44_merged_1 = torch.split(linear_44_merged, [8, 128], dim=1)  # models/moe_layer.py:96
-    sigmoid_17 = rt.elementwise(ew1, (B, 8), torch.float32, linear_44_merged_0)  # models/moe_layer.py:96
-    add_20 = rt.broadcast(ew3, (B, 8), torch.float32, sigmoid_17, W['model.layers.3.block_sparse_moe.gate.e_score_correction_bias'])  # models/moe_layer.py:97
-    topk_2_0, topk_2_1 = topk(add_20, 2, -1)  # models/moe_layer.py:97
-    gather_2 = torch.gather(sigmoid_17, 1, topk_2_1)  # models/moe_layer.py:98
-    sum_9 = gather_2.sum(dim=(1,), keepdim=True)  # models/moe_layer.py:100
-    div_12 = rt.broadcast(ew4, (B, 2), torch.float32, sum_9, gather_2)  # models/moe_layer.py:100
-    moe_experts_5 = moe_experts(linear_44_merged_1, W['model.layers.3.block_sparse_moe.experts.w13'], W['model.layers.3.block_sparse_moe.experts.w2'], topk_2_1, div_12, 'situ', 4.0, 25.0)  # models/moe_layer.py:113
-    rms_norm_15 = rms_norm(moe_experts_5, None, 1e-05)  # models/moe_layer.py:117
-    linear_46 = F.linear(rms_norm_15, W['model.layers.3.block_sparse_moe.routed_expert_up_proj.weight.normed'])  # models/moe_layer.py:117
+    reshape_6 = rms_norm_14.reshape((B, 256))  # models/moe_layer.py:118
+    linear_44_merged = F.linear(reshape_6, W['model.layers.3.block_sparse_moe.gate-routed_expert_down_proj.weight'])  # models/moe_layer.py:119
+    linear_44_merged_0, linear_44_merged_1 = torch.split(linear_44_merged, [8, 128], dim=1)  # models/moe_layer.py:119
+    sigmoid_17 = rt.elementwise(ew1, (B, 8), torch.float32, linear_44_merged_0)  # models/moe_layer.py:119
+    add_20 = rt.broadcast(ew3, (B, 8), torch.float32, sigmoid_17, W['model.layers.3.block_sparse_moe.gate.e_score_correction_bias'])  # models/moe_layer.py:119
+    topk_2_0, topk_2_1 = topk(add_20, 2, -1)  # models/moe_layer.py:119
+    gather_2 = torch.gather(sigmoid_17, 1, topk_2_1)  # models/moe_layer.py:119
+    sum_9 = gather_2.sum(dim=(1,), keepdim=True)  # models/moe_layer.py:119
+    div_12 = rt.broadcast(ew4, (B, 2), torch.float32, sum_9, gather_2)  # models/moe_layer.py:119
+    moe_experts_5 = moe_experts(linear_44_merged_1, W['model.layers.3.block_sparse_moe.experts.w13'], W['model.layers.3.block_sparse_moe.experts.w2'], topk_2_1, div_12, 'situ', 4.0, 25.0)  # models/moe_layer.py:121
+    rms_norm_15 = rms_norm(moe_experts_5, None, 1e-05)  # models/moe_layer.py:125
+    linear_46 = F.linear(rms_norm_15, W['model.layers.3.block_sparse_moe.routed_expert_up_proj.weight.normed'])  # models/moe_layer.py:125
     gated_mlp_5 = gated_mlp(reshape_6, W['model.layers.3.block_sparse_moe.shared_experts.gate_up_proj.weight'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:50
     linear_49 = F.linear(gated_mlp_5, W['model.layers.3.block_sparse_moe.shared_experts.down_proj.weight'])  # models/common.py:50
-    add_22 = rt.elementwise(ew2, (B, 256), torch.float32, linear_46, linear_49)  # models/moe_layer.py:119
-    view_40 = add_22.reshape((B, 1, 256))  # models/moe_layer.py:120
+    add_22 = rt.elementwise(ew2, (B, 256), torch.float32, linear_46, linear_49)  # models/moe_layer.py:127
+    view_40 = add_22.reshape((B, 1, 256))  # models/moe_layer.py:128
     add_23 = rt.elementwise(ew2, (B, 1, 256), torch.float32, linear_43, view_40)
     stack_7 = torch.stack([embedding, add_19, add_23], dim=0)
     attn_res_mix_7 = attn_res_mix(stack_7, W['model.layers.4.self_attention_res_proj.weight.reshape'], W['model.layers.4.self_attention_res_norm.weight'], 1e-05)
@@ -665,22 +665,22 @@ def decode(W, input_ids, layers_0_S, layers_0_conv_q, layers_0_conv_k, layers_0_
     stack_8 = torch.stack([embedding, add_19, add_27], dim=0)
     attn_res_mix_8 = attn_res_mix(stack_8, W['model.layers.4.mlp_res_proj.weight.reshape'], W['model.layers.4.mlp_res_norm.weight'], 1e-05)
     rms_norm_18 = rms_norm(attn_res_mix_8, W['model.layers.4.post_attention_layernorm.weight'], 1e-05)  # models/common.py:34
-    reshape_8 = rms_norm_18.reshape((B, 256))  # models/moe_layer.py:95
-    linear_58_merged = F.linear(reshape_8, W['model.layers.4.block_sparse_moe.gate-routed_expert_down_proj.weight'])  # models/moe_layer.py:96
-    linear_58_merged_0, linear_58_merged_1 = torch.split(linear_58_merged, [8, 128], dim=1)  # models/moe_layer.py:96
-    sigmoid_23 = rt.elementwise(ew1, (B, 8), torch.float32, linear_58_merged_0)  # models/moe_layer.py:96
-    add_28 = rt.broadcast(ew3, (B, 8), torch.float32, sigmoid_23, W['model.layers.4.block_sparse_moe.gate.e_score_correction_bias'])  # models/moe_layer.py:97
-    topk_3_0, topk_3_1 = topk(add_28, 2, -1)  # models/moe_layer.py:97
-    gather_3 = torch.gather(sigmoid_23, 1, topk_3_1)  # models/moe_layer.py:98
-    sum_12 = gather_3.sum(dim=(1,), keepdim=True)  # models/moe_layer.py:100
-    div_17 = rt.broadcast(ew4, (B, 2), torch.float32, sum_12, gather_3)  # models/moe_layer.py:100
-    moe_experts_4 = moe_experts(linear_58_merged_1, W['model.layers.4.block_sparse_moe.experts.w13'], W['model.layers.4.block_sparse_moe.experts.w2'], topk_3_1, div_17, 'situ', 4.0, 25.0)  # models/moe_layer.py:113
-    rms_norm_19 = rms_norm(moe_experts_4, None, 1e-05)  # models/moe_layer.py:117
-    linear_60 = F.linear(rms_norm_19, W['model.layers.4.block_sparse_moe.routed_expert_up_proj.weight.normed'])  # models/moe_layer.py:117
+    reshape_8 = rms_norm_18.reshape((B, 256))  # models/moe_layer.py:118
+    linear_58_merged = F.linear(reshape_8, W['model.layers.4.block_sparse_moe.gate-routed_expert_down_proj.weight'])  # models/moe_layer.py:119
+    linear_58_merged_0, linear_58_merged_1 = torch.split(linear_58_merged, [8, 128], dim=1)  # models/moe_layer.py:119
+    sigmoid_23 = rt.elementwise(ew1, (B, 8), torch.float32, linear_58_merged_0)  # models/moe_layer.py:119
+    add_28 = rt.broadcast(ew3, (B, 8), torch.float32, sigmoid_23, W['model.layers.4.block_sparse_moe.gate.e_score_correction_bias'])  # models/moe_layer.py:119
+    topk_3_0, topk_3_1 = topk(add_28, 2, -1)  # models/moe_layer.py:119
+    gather_3 = torch.gather(sigmoid_23, 1, topk_3_1)  # models/moe_layer.py:119
+    sum_12 = gather_3.sum(dim=(1,), keepdim=True)  # models/moe_layer.py:119
+    div_17 = rt.broadcast(ew4, (B, 2), torch.float32, sum_12, gather_3)  # models/moe_layer.py:119
+    moe_experts_4 = moe_experts(linear_58_merged_1, W['model.layers.4.block_sparse_moe.experts.w13'], W['model.layers.4.block_sparse_moe.experts.w2'], topk_3_1, div_17, 'situ', 4.0, 25.0)  # models/moe_layer.py:121
+    rms_norm_19 = rms_norm(moe_experts_4, None, 1e-05)  # models/moe_layer.py:125
+    linear_60 = F.linear(rms_norm_19, W['model.layers.4.block_sparse_moe.routed_expert_up_proj.weight.normed'])  # models/moe_layer.py:125
     gated_mlp_4 = gated_mlp(reshape_8, W['model.layers.4.block_sparse_moe.shared_experts.gate_up_proj.weight'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:50
     linear_63 = F.linear(gated_mlp_4, W['model.layers.4.block_sparse_moe.shared_experts.down_proj.weight'])  # models/common.py:50
-    add_30 = rt.elementwise(ew2, (B, 256), torch.float32, linear_60, linear_63)  # models/moe_layer.py:119
-    view_53 = add_30.reshape((B, 1, 256))  # models/moe_layer.py:120
+    add_30 = rt.elementwise(ew2, (B, 256), torch.float32, linear_60, linear_63)  # models/moe_layer.py:127
+    view_53 = add_30.reshape((B, 1, 256))  # models/moe_layer.py:128
     add_31 = rt.elementwise(ew2, (B, 1, 256), torch.float32, add_27, view_53)
     stack_9 = torch.stack([embedding, add_19, add_31], dim=0)
     attn_res_mix_9 = attn_res_mix(stack_9, W['model.layers.5.self_attention_res_proj.weight.reshape'], W['model.layers.5.self_attention_res_norm.weight'], 1e-05)
@@ -708,22 +708,22 @@ def decode(W, input_ids, layers_0_S, layers_0_conv_q, layers_0_conv_k, layers_0_
     stack_10 = torch.stack([embedding, add_19, add_35], dim=0)
     attn_res_mix_10 = attn_res_mix(stack_10, W['model.layers.5.mlp_res_proj.weight.reshape'], W['model.layers.5.mlp_res_norm.weight'], 1e-05)
     rms_norm_22 = rms_norm(attn_res_mix_10, W['model.layers.5.post_attention_layernorm.weight'], 1e-05)  # models/common.py:34
-    reshape_10 = rms_norm_22.reshape((B, 256))  # models/moe_layer.py:95
-    linear_72_merged = F.linear(reshape_10, W['model.layers.5.block_sparse_moe.gate-routed_expert_down_proj.weight'])  # models/moe_layer.py:96
-    linear_72_merged_0, linear_72_merged_1 = torch.split(linear_72_merged, [8, 128], dim=1)  # models/moe_layer.py:96
-    sigmoid_29 = rt.elementwise(ew1, (B, 8), torch.float32, linear_72_merged_0)  # models/moe_layer.py:96
-    add_36 = rt.broadcast(ew3, (B, 8), torch.float32, sigmoid_29, W['model.layers.5.block_sparse_moe.gate.e_score_correction_bias'])  # models/moe_layer.py:97
-    topk_4_0, topk_4_1 = topk(add_36, 2, -1)  # models/moe_layer.py:97
-    gather_4 = torch.gather(sigmoid_29, 1, topk_4_1)  # models/moe_layer.py:98
-    sum_15 = gather_4.sum(dim=(1,), keepdim=True)  # models/moe_layer.py:100
-    div_22 = rt.broadcast(ew4, (B, 2), torch.float32, sum_15, gather_4)  # models/moe_layer.py:100
-    moe_experts_3 = moe_experts(linear_72_merged_1, W['model.layers.5.block_sparse_moe.experts.w13'], W['model.layers.5.block_sparse_moe.experts.w2'], topk_4_1, div_22, 'situ', 4.0, 25.0)  # models/moe_layer.py:113
-    rms_norm_23 = rms_norm(moe_experts_3, None, 1e-05)  # models/moe_layer.py:117
-    linear_74 = F.linear(rms_norm_23, W['model.layers.5.block_sparse_moe.routed_expert_up_proj.weight.normed'])  # models/moe_layer.py:117
+    reshape_10 = rms_norm_22.reshape((B, 256))  # models/moe_layer.py:118
+    linear_72_merged = F.linear(reshape_10, W['model.layers.5.block_sparse_moe.gate-routed_expert_down_proj.weight'])  # models/moe_layer.py:119
+    linear_72_merged_0, linear_72_merged_1 = torch.split(linear_72_merged, [8, 128], dim=1)  # models/moe_layer.py:119
+    sigmoid_29 = rt.elementwise(ew1, (B, 8), torch.float32, linear_72_merged_0)  # models/moe_layer.py:119
+    add_36 = rt.broadcast(ew3, (B, 8), torch.float32, sigmoid_29, W['model.layers.5.block_sparse_moe.gate.e_score_correction_bias'])  # models/moe_layer.py:119
+    topk_4_0, topk_4_1 = topk(add_36, 2, -1)  # models/moe_layer.py:119
+    gather_4 = torch.gather(sigmoid_29, 1, topk_4_1)  # models/moe_layer.py:119
+    sum_15 = gather_4.sum(dim=(1,), keepdim=True)  # models/moe_layer.py:119
+    div_22 = rt.broadcast(ew4, (B, 2), torch.float32, sum_15, gather_4)  # models/moe_layer.py:119
+    moe_experts_3 = moe_experts(linear_72_merged_1, W['model.layers.5.block_sparse_moe.experts.w13'], W['model.layers.5.block_sparse_moe.experts.w2'], topk_4_1, div_22, 'situ', 4.0, 25.0)  # models/moe_layer.py:121
+    rms_norm_23 = rms_norm(moe_experts_3, None, 1e-05)  # models/moe_layer.py:125
+    linear_74 = F.linear(rms_norm_23, W['model.layers.5.block_sparse_moe.routed_expert_up_proj.weight.normed'])  # models/moe_layer.py:125
     gated_mlp_3 = gated_mlp(reshape_10, W['model.layers.5.block_sparse_moe.shared_experts.gate_up_proj.weight'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:50
     linear_77 = F.linear(gated_mlp_3, W['model.layers.5.block_sparse_moe.shared_experts.down_proj.weight'])  # models/common.py:50
-    add_38 = rt.elementwise(ew2, (B, 256), torch.float32, linear_74, linear_77)  # models/moe_layer.py:119
-    view_66 = add_38.reshape((B, 1, 256))  # models/moe_layer.py:120
+    add_38 = rt.elementwise(ew2, (B, 256), torch.float32, linear_74, linear_77)  # models/moe_layer.py:127
+    view_66 = add_38.reshape((B, 1, 256))  # models/moe_layer.py:128
     add_39 = rt.elementwise(ew2, (B, 1, 256), torch.float32, add_35, view_66)
     stack_11 = torch.stack([embedding, add_19, add_39], dim=0)
     attn_res_mix_11 = attn_res_mix(stack_11, W['model.layers.6.self_attention_res_proj.weight.reshape'], W['model.layers.6.self_attention_res_norm.weight'], 1e-05)
@@ -750,22 +750,22 @@ def decode(W, input_ids, layers_0_S, layers_0_conv_q, layers_0_conv_k, layers_0_
     stack_12 = torch.stack([embedding, add_19, add_39, linear_85], dim=0)
     attn_res_mix_12 = attn_res_mix(stack_12, W['model.layers.6.mlp_res_proj.weight.reshape'], W['model.layers.6.mlp_res_norm.weight'], 1e-05)
     rms_norm_26 = rms_norm(attn_res_mix_12, W['model.layers.6.post_attention_layernorm.weight'], 1e-05)  # models/common.py:34
-    reshape_12 = rms_norm_26.reshape((B, 256))  # models/moe_layer.py:95
-    linear_86_merged = F.linear(reshape_12, W['model.layers.6.block_sparse_moe.gate-routed_expert_down_proj.weight'])  # models/moe_layer.py:96
-    linear_86_merged_0, linear_86_merged_1 = torch.split(linear_86_merged, [8, 128], dim=1)  # models/moe_layer.py:96
-    sigmoid_35 = rt.elementwise(ew1, (B, 8), torch.float32, linear_86_merged_0)  # models/moe_layer.py:96
-    add_43 = rt.broadcast(ew3, (B, 8), torch.float32, sigmoid_35, W['model.layers.6.block_sparse_moe.gate.e_score_correction_bias'])  # models/moe_layer.py:97
-    topk_5_0, topk_5_1 = topk(add_43, 2, -1)  # models/moe_layer.py:97
-    gather_5 = torch.gather(sigmoid_35, 1, topk_5_1)  # models/moe_layer.py:98
-    sum_18 = gather_5.sum(dim=(1,), keepdim=True)  # models/moe_layer.py:100
-    div_27 = rt.broadcast(ew4, (B, 2), torch.float32, sum_18, gather_5)  # models/moe_layer.py:100
-    moe_experts_2 = moe_experts(linear_86_merged_1, W['model.layers.6.block_sparse_moe.experts.w13'], W['model.layers.6.block_sparse_moe.experts.w2'], topk_5_1, div_27, 'situ', 4.0, 25.0)  # models/moe_layer.py:113
-    rms_norm_27 = rms_norm(moe_experts_2, None, 1e-05)  # models/moe_layer.py:117
-    linear_88 = F.linear(rms_norm_27, W['model.layers.6.block_sparse_moe.routed_expert_up_proj.weight.normed'])  # models/moe_layer.py:117
+    reshape_12 = rms_norm_26.reshape((B, 256))  # models/moe_layer.py:118
+    linear_86_merged = F.linear(reshape_12, W['model.layers.6.block_sparse_moe.gate-routed_expert_down_proj.weight'])  # models/moe_layer.py:119
+    linear_86_merged_0, linear_86_merged_1 = torch.split(linear_86_merged, [8, 128], dim=1)  # models/moe_layer.py:119
+    sigmoid_35 = rt.elementwise(ew1, (B, 8), torch.float32, linear_86_merged_0)  # models/moe_layer.py:119
+    add_43 = rt.broadcast(ew3, (B, 8), torch.float32, sigmoid_35, W['model.layers.6.block_sparse_moe.gate.e_score_correction_bias'])  # models/moe_layer.py:119
+    topk_5_0, topk_5_1 = topk(add_43, 2, -1)  # models/moe_layer.py:119
+    gather_5 = torch.gather(sigmoid_35, 1, topk_5_1)  # models/moe_layer.py:119
+    sum_18 = gather_5.sum(dim=(1,), keepdim=True)  # models/moe_layer.py:119
+    div_27 = rt.broadcast(ew4, (B, 2), torch.float32, sum_18, gather_5)  # models/moe_layer.py:119
+    moe_experts_2 = moe_experts(linear_86_merged_1, W['model.layers.6.block_sparse_moe.experts.w13'], W['model.layers.6.block_sparse_moe.experts.w2'], topk_5_1, div_27, 'situ', 4.0, 25.0)  # models/moe_layer.py:121
+    rms_norm_27 = rms_norm(moe_experts_2, None, 1e-05)  # models/moe_layer.py:125
+    linear_88 = F.linear(rms_norm_27, W['model.layers.6.block_sparse_moe.routed_expert_up_proj.weight.normed'])  # models/moe_layer.py:125
     gated_mlp_2 = gated_mlp(reshape_12, W['model.layers.6.block_sparse_moe.shared_experts.gate_up_proj.weight'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:50
     linear_91 = F.linear(gated_mlp_2, W['model.layers.6.block_sparse_moe.shared_experts.down_proj.weight'])  # models/common.py:50
-    add_45 = rt.elementwise(ew2, (B, 256), torch.float32, linear_88, linear_91)  # models/moe_layer.py:119
-    view_79 = add_45.reshape((B, 1, 256))  # models/moe_layer.py:120
+    add_45 = rt.elementwise(ew2, (B, 256), torch.float32, linear_88, linear_91)  # models/moe_layer.py:127
+    view_79 = add_45.reshape((B, 1, 256))  # models/moe_layer.py:128
     add_46 = rt.elementwise(ew2, (B, 1, 256), torch.float32, linear_85, view_79)
     stack_13 = torch.stack([embedding, add_19, add_39, add_46], dim=0)
     attn_res_mix_13 = attn_res_mix(stack_13, W['model.layers.7.self_attention_res_proj.weight.reshape'], W['model.layers.7.self_attention_res_norm.weight'], 1e-05)
@@ -787,22 +787,22 @@ def decode(W, input_ids, layers_0_S, layers_0_conv_q, layers_0_conv_k, layers_0_
     stack_14 = torch.stack([embedding, add_19, add_39, add_47], dim=0)
     attn_res_mix_14 = attn_res_mix(stack_14, W['model.layers.7.mlp_res_proj.weight.reshape'], W['model.layers.7.mlp_res_norm.weight'], 1e-05)
     rms_norm_31 = rms_norm(attn_res_mix_14, W['model.layers.7.post_attention_layernorm.weight'], 1e-05)  # models/common.py:34
-    reshape_14 = rms_norm_31.reshape((B, 256))  # models/moe_layer.py:95
-    linear_97_merged = F.linear(reshape_14, W['model.layers.7.block_sparse_moe.gate-routed_expert_down_proj.weight'])  # models/moe_layer.py:96
-    linear_97_merged_0, linear_97_merged_1 = torch.split(linear_97_merged, [8, 128], dim=1)  # models/moe_layer.py:96
-    sigmoid_39 = rt.elementwise(ew1, (B, 8), torch.float32, linear_97_merged_0)  # models/moe_layer.py:96
-    add_48 = rt.broadcast(ew3, (B, 8), torch.float32, sigmoid_39, W['model.layers.7.block_sparse_moe.gate.e_score_correction_bias'])  # models/moe_layer.py:97
-    topk_6_0, topk_6_1 = topk(add_48, 2, -1)  # models/moe_layer.py:97
-    gather_6 = torch.gather(sigmoid_39, 1, topk_6_1)  # models/moe_layer.py:98
-    sum_19 = gather_6.sum(dim=(1,), keepdim=True)  # models/moe_layer.py:100
-    div_32 = rt.broadcast(ew4, (B, 2), torch.float32, sum_19, gather_6)  # models/moe_layer.py:100
-    moe_experts_1 = moe_experts(linear_97_merged_1, W['model.layers.7.block_sparse_moe.experts.w13'], W['model.layers.7.block_sparse_moe.experts.w2'], topk_6_1, div_32, 'situ', 4.0, 25.0)  # models/moe_layer.py:113
-    rms_norm_32 = rms_norm(moe_experts_1, None, 1e-05)  # models/moe_layer.py:117
-    linear_99 = F.linear(rms_norm_32, W['model.layers.7.block_sparse_moe.routed_expert_up_proj.weight.normed'])  # models/moe_layer.py:117
+    reshape_14 = rms_norm_31.reshape((B, 256))  # models/moe_layer.py:118
+    linear_97_merged = F.linear(reshape_14, W['model.layers.7.block_sparse_moe.gate-routed_expert_down_proj.weight'])  # models/moe_layer.py:119
+    linear_97_merged_0, linear_97_merged_1 = torch.split(linear_97_merged, [8, 128], dim=1)  # models/moe_layer.py:119
+    sigmoid_39 = rt.elementwise(ew1, (B, 8), torch.float32, linear_97_merged_0)  # models/moe_layer.py:119
+    add_48 = rt.broadcast(ew3, (B, 8), torch.float32, sigmoid_39, W['model.layers.7.block_sparse_moe.gate.e_score_correction_bias'])  # models/moe_layer.py:119
+    topk_6_0, topk_6_1 = topk(add_48, 2, -1)  # models/moe_layer.py:119
+    gather_6 = torch.gather(sigmoid_39, 1, topk_6_1)  # models/moe_layer.py:119
+    sum_19 = gather_6.sum(dim=(1,), keepdim=True)  # models/moe_layer.py:119
+    div_32 = rt.broadcast(ew4, (B, 2), torch.float32, sum_19, gather_6)  # models/moe_layer.py:119
+    moe_experts_1 = moe_experts(linear_97_merged_1, W['model.layers.7.block_sparse_moe.experts.w13'], W['model.layers.7.block_sparse_moe.experts.w2'], topk_6_1, div_32, 'situ', 4.0, 25.0)  # models/moe_layer.py:121
+    rms_norm_32 = rms_norm(moe_experts_1, None, 1e-05)  # models/moe_layer.py:125
+    linear_99 = F.linear(rms_norm_32, W['model.layers.7.block_sparse_moe.routed_expert_up_proj.weight.normed'])  # models/moe_layer.py:125
     gated_mlp_1 = gated_mlp(reshape_14, W['model.layers.7.block_sparse_moe.shared_experts.gate_up_proj.weight'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:50
     linear_102 = F.linear(gated_mlp_1, W['model.layers.7.block_sparse_moe.shared_experts.down_proj.weight'])  # models/common.py:50
-    add_50 = rt.elementwise(ew2, (B, 256), torch.float32, linear_99, linear_102)  # models/moe_layer.py:119
-    view_83 = add_50.reshape((B, 1, 256))  # models/moe_layer.py:120
+    add_50 = rt.elementwise(ew2, (B, 256), torch.float32, linear_99, linear_102)  # models/moe_layer.py:127
+    view_83 = add_50.reshape((B, 1, 256))  # models/moe_layer.py:128
     add_51 = rt.elementwise(ew2, (B, 1, 256), torch.float32, add_47, view_83)
     stack_15 = torch.stack([embedding, add_19, add_39, add_51], dim=0)
     attn_res_mix_15 = attn_res_mix(stack_15, W['model.layers.8.self_attention_res_proj.weight.reshape'], W['model.layers.8.self_attention_res_norm.weight'], 1e-05)
@@ -824,22 +824,22 @@ def decode(W, input_ids, layers_0_S, layers_0_conv_q, layers_0_conv_k, layers_0_
     stack_16 = torch.stack([embedding, add_19, add_39, add_52], dim=0)
     attn_res_mix_16 = attn_res_mix(stack_16, W['model.layers.8.mlp_res_proj.weight.reshape'], W['model.layers.8.mlp_res_norm.weight'], 1e-05)
     rms_norm_36 = rms_norm(attn_res_mix_16, W['model.layers.8.post_attention_layernorm.weight'], 1e-05)  # models/common.py:34
-    reshape_16 = rms_norm_36.reshape((B, 256))  # models/moe_layer.py:95
-    linear_108_merged = F.linear(reshape_16, W['model.layers.8.block_sparse_moe.gate-routed_expert_down_proj.weight'])  # models/moe_layer.py:96
-    linear_108_merged_0, linear_108_merged_1 = torch.split(linear_108_merged, [8, 128], dim=1)  # models/moe_layer.py:96
-    sigmoid_43 = rt.elementwise(ew1, (B, 8), torch.float32, linear_108_merged_0)  # models/moe_layer.py:96
-    add_53 = rt.broadcast(ew3, (B, 8), torch.float32, sigmoid_43, W['model.layers.8.block_sparse_moe.gate.e_score_correction_bias'])  # models/moe_layer.py:97
-    topk_7_0, topk_7_1 = topk(add_53, 2, -1)  # models/moe_layer.py:97
-    gather_7 = torch.gather(sigmoid_43, 1, topk_7_1)  # models/moe_layer.py:98
-    sum_20 = gather_7.sum(dim=(1,), keepdim=True)  # models/moe_layer.py:100
-    div_37 = rt.broadcast(ew4, (B, 2), torch.float32, sum_20, gather_7)  # models/moe_layer.py:100
-    moe_experts_ = moe_experts(linear_108_merged_1, W['model.layers.8.block_sparse_moe.experts.w13'], W['model.layers.8.block_sparse_moe.experts.w2'], topk_7_1, div_37, 'situ', 4.0, 25.0)  # models/moe_layer.py:113
-    rms_norm_37 = rms_norm(moe_experts_, None, 1e-05)  # models/moe_layer.py:117
-    linear_110 = F.linear(rms_norm_37, W['model.layers.8.block_sparse_moe.routed_expert_up_proj.weight.normed'])  # models/moe_layer.py:117
+    reshape_16 = rms_norm_36.reshape((B, 256))  # models/moe_layer.py:118
+    linear_108_merged = F.linear(reshape_16, W['model.layers.8.block_sparse_moe.gate-routed_expert_down_proj.weight'])  # models/moe_layer.py:119
+    linear_108_merged_0, linear_108_merged_1 = torch.split(linear_108_merged, [8, 128], dim=1)  # models/moe_layer.py:119
+    sigmoid_43 = rt.elementwise(ew1, (B, 8), torch.float32, linear_108_merged_0)  # models/moe_layer.py:119
+    add_53 = rt.broadcast(ew3, (B, 8), torch.float32, sigmoid_43, W['model.layers.8.block_sparse_moe.gate.e_score_correction_bias'])  # models/moe_layer.py:119
+    topk_7_0, topk_7_1 = topk(add_53, 2, -1)  # models/moe_layer.py:119
+    gather_7 = torch.gather(sigmoid_43, 1, topk_7_1)  # models/moe_layer.py:119
+    sum_20 = gather_7.sum(dim=(1,), keepdim=True)  # models/moe_layer.py:119
+    div_37 = rt.broadcast(ew4, (B, 2), torch.float32, sum_20, gather_7)  # models/moe_layer.py:119
+    moe_experts_ = moe_experts(linear_108_merged_1, W['model.layers.8.block_sparse_moe.experts.w13'], W['model.layers.8.block_sparse_moe.experts.w2'], topk_7_1, div_37, 'situ', 4.0, 25.0)  # models/moe_layer.py:121
+    rms_norm_37 = rms_norm(moe_experts_, None, 1e-05)  # models/moe_layer.py:125
+    linear_110 = F.linear(rms_norm_37, W['model.layers.8.block_sparse_moe.routed_expert_up_proj.weight.normed'])  # models/moe_layer.py:125
     gated_mlp_ = gated_mlp(reshape_16, W['model.layers.8.block_sparse_moe.shared_experts.gate_up_proj.weight'], 'situ', 4.0, 25.0)  # the gate/up GEMM with its activation epilogue  # models/common.py:50
     linear_113 = F.linear(gated_mlp_, W['model.layers.8.block_sparse_moe.shared_experts.down_proj.weight'])  # models/common.py:50
-    add_55 = rt.elementwise(ew2, (B, 256), torch.float32, linear_110, linear_113)  # models/moe_layer.py:119
-    view_87 = add_55.reshape((B, 1, 256))  # models/moe_layer.py:120
+    add_55 = rt.elementwise(ew2, (B, 256), torch.float32, linear_110, linear_113)  # models/moe_layer.py:127
+    view_87 = add_55.reshape((B, 1, 256))  # models/moe_layer.py:128
     add_56 = rt.elementwise(ew2, (B, 1, 256), torch.float32, add_52, view_87)
     stack_17 = torch.stack([embedding, add_19, add_39, add_56], dim=0)
     attn_res_mix_17 = attn_res_mix(stack_17, W['model.output_attn_res_proj.weight.reshape'], W['model.output_attn_res_norm.weight'], 1e-05)

@@ -44,13 +44,7 @@ def run_mesh(mesh_dir: Path, job: dict, world: int, simulate: bool = False, time
     lock = threading.Lock()
 
     def one(r: int) -> dict:
-        rm = RankModel(mesh_dir, r, lock=lock)
-        with torch.no_grad():
-            logits, state = rm.prefill(job["input_ids"])
-            steps, s = [], state
-            for i in range(job["decode_ids"].shape[1]):
-                lo, s = rm.decode(job["decode_ids"][:, i:i + 1], s)
-                steps.append(lo)
+        logits, state, steps, s = _eager(RankModel(mesh_dir, r, lock=lock), job)  # the job, as a model runs it
         return {"logits": logits, "state": state, "decode_logits": steps, "decode_state": s}
     results, comms = run_ranks(one, world, timeout_s)
     for res, c in zip(results, comms):

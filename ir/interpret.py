@@ -56,11 +56,25 @@ def run_node(node: Node, args: list[torch.Tensor], env: dict[str, int]) -> tuple
     return tuple(out) if isinstance(out, (tuple, list)) else (out,)
 
 
+def _check_weights_have_data(graph: Graph, inputs: Sequence[torch.Tensor]) -> None:
+    """Real inputs need real weights: an op given a data-less (meta) weight beside real data
+    returns uninitialised memory, a silently wrong answer. Meta inputs (shape-only runs) pass."""
+    if all(x.is_meta for x in inputs) and inputs:
+        return
+    empty = [w for w, t in graph.weights.items() if t.is_meta]
+    if empty:
+        more = f" and {len(empty) - 3} more" if len(empty) > 3 else ""
+        raise InputError(f"{graph.name}: weight {', '.join('%' + w for w in empty[:3])}{more} carries no data "
+                         f"(the IR text form holds weight types only); bind real tensors in graph.weights "
+                         f"or load the graph with its weights file")
+
+
 @torch.no_grad()
 def interpret(graph: Graph, *inputs: torch.Tensor,
               observe: Callable[[Node, tuple[torch.Tensor, ...]], None] | None = None) -> list[torch.Tensor]:
     """Run `graph` on `inputs`; returns its outputs in order. `observe(node, outs)` sees each step."""
     env = bind_dims(graph, inputs)
+    _check_weights_have_data(graph, inputs)
     values: dict[str, torch.Tensor] = dict(graph.weights)
     values.update(zip(graph.inputs, inputs))
     for node in graph.nodes:

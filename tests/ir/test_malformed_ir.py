@@ -4,11 +4,12 @@ an InputError the input), never a library's exception, and each answer comes wit
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from k3c.errors import K3cError, VerifyError
+from k3c.errors import InputError, K3cError, VerifyError
 from k3c.ir import dims as D
 from k3c.ir import interpret, parse, verify
 
@@ -55,9 +56,16 @@ def _inputs(graph):
     return out
 
 
+def _bind_weights(graph):
+    """The text form carries weight types only: give each weight real values to run on."""
+    for name, t in graph.weights.items():
+        graph.weights[name] = (torch.randn(t.shape) if t.is_floating_point() else torch.zeros(t.shape)).to(t.dtype)
+    return graph
+
+
 def _run(text: str) -> None:
     try:
-        g = verify(parse(text))
+        g = _bind_weights(verify(parse(text)))
         interpret(g, *_inputs(g))
     except K3C_ERRORS:
         pass
@@ -67,10 +75,16 @@ _SETTINGS = settings(max_examples=150, deadline=1000, suppress_health_check=[Hea
 
 
 def test_the_base_graph_runs():
-    g = verify(parse(BASE))
+    g = _bind_weights(verify(parse(BASE)))
     outs = interpret(g, *_inputs(g))
     assert [tuple(o.shape) for o in outs] == [(2, 5, 6), (2, 5, 1), (2, 4, 3)]
     assert all(torch.isfinite(o).all() for o in outs)
+
+
+def test_a_weight_without_data_is_named_not_run_on():
+    g = verify(parse(BASE))  # the text form leaves %w a meta tensor
+    with pytest.raises(InputError, match="weight %w carries no data"):
+        interpret(g, *_inputs(g))
 
 
 @_SETTINGS

@@ -336,6 +336,7 @@ def _custom(spec):
         named = dict(zip([a.name for a in schema.arguments], args)) | kwargs
         ins = [tr.value(named[n]) for n in tensors if named.get(n) is not None]
         attrs = {n: named[n] for n in attr_names if n in named}
+        attrs.update({n: tr.data_dim() for n in attr_names if spec.attr_specs[n].kind == "rows"})
         out = tr.emit(spec.name, ins, attrs)
         return out if len(out) > 1 else out[0]
     return build

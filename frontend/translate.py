@@ -55,6 +55,15 @@ class Translator:
             return D.normalize(x)
         raise CaptureError(f"expected an integer or symbolic size, got {x!r}")
 
+    def data_dim(self) -> sympy.Symbol:
+        """A fresh dim for a size the data decides (R1, R2, ...: rows an all-to-all brings),
+        declared in the graph; the torch size it stands for is matched when the types are."""
+        n = 1 + sum(1 for d in self.g.dims if d.startswith("R") and d[1:].isdigit())
+        while f"R{n}" in self.g.dims:
+            n += 1
+        self.g.dims[f"R{n}"] = (0, None)
+        return D.sym(f"R{n}")
+
     def ttype(self, val: torch.Tensor) -> TensorType:
         return TensorType(dtype_name(val.dtype), tuple(self.dim(s) for s in val.shape))
 
@@ -143,6 +152,9 @@ class Translator:
         if isinstance(val, (torch.SymInt, int)) and not isinstance(val, bool) and node.target not in table:
             self.env[node.name] = self.dim(val)  # symbolic size arithmetic
             return
+        if isinstance(val, (torch.SymBool, bool)) and node.target not in table:
+            self.env[node.name] = None  # a condition on sizes, read only by torch's runtime asserts (dropped)
+            return
         builder = table.get(node.target)
         if builder is None:
             raise CaptureError(f"no builder for {node.target} at {self.where()}")
@@ -156,9 +168,19 @@ class Translator:
         outs = result if isinstance(result, tuple) else (result,)
         for v, o in zip(vals, outs):
             if isinstance(v, torch.Tensor) and isinstance(o, str):
+                self._name_data_dims(v, self.g.types[o])
                 want, got = self.ttype(v), self.g.types[o]
                 if not got.same_as(want):
                     raise CaptureError(f"internal: {node.target} gave {got}, torch says {want} at {self.where()}")
+
+    def _name_data_dims(self, val: torch.Tensor, got: TensorType) -> None:
+        """A data-dependent torch size (an unbacked symbol, u0) met first where an op made it:
+        it is the dim that op's inference named there (R1)."""
+        for s, d in zip(val.shape, got.shape):
+            if isinstance(s, torch.SymInt) and isinstance(d, sympy.Symbol):
+                e = sympy.sympify(s.node.expr)
+                if isinstance(e, sympy.Symbol) and e not in self.rename and e.name.startswith("u"):
+                    self.rename[e] = d
 
     def _outputs(self, node: torch.fx.Node) -> None:
         specs = self.ep.graph_signature.output_specs

@@ -202,13 +202,38 @@ def comm_bytes(graph: Graph, node: Node, env: dict[str, int]) -> float:
     if node.op == "all_to_all":
         return nbytes[0] * away + COUNT_BYTES * (M - 1)
     item = graph.types[node.inputs[0]].torch_dtype.itemsize
-    if node.op == "moe_dispatch":  # rows of h and their local expert ids; counts once
+    if node.op == "moe_dispatch":
         (N, width), k = shapes[0], shapes[1][1]
-        return N / M * k * away * (width * item + COUNT_BYTES) + COUNT_BYTES * (M - 1)
-    if node.op == "moe_combine":  # outputs back to the slots' senders, then the slices gathered
+        return sum(exchange_bytes(N, k, width, item, M)[:2])
+    if node.op == "moe_combine":
         width, (N, k) = shapes[0][1], shapes[2]
-        return N / M * k * away * width * item + (M - 1) * N / M * width * item
+        return sum(exchange_bytes(N, k, width, item, M)[2:])
     raise ValueError(f"{node.op} is not a collective")
+
+
+def exchange_bytes(N: float, k: int, width: int, item: int, M: int) -> list[float]:
+    """What one member sends in each of the four all-to-alls of an expert dispatch + combine
+    over M members (kernels/collectives/naive.py) at balanced routing: its token slice N / M,
+    k slots each, the share (M - 1) / M of them bound for other members.
+    [dispatch rows (+ the counts, exchanged), dispatch expert ids, outputs back, the slices
+    gathered]."""
+    if M <= 1:
+        return [0.0, 0.0, 0.0, 0.0]
+    away, slots = (M - 1) / M, N / M * k
+    return [slots * away * width * item + COUNT_BYTES * (M - 1), slots * away * COUNT_BYTES,
+            slots * away * width * item, (M - 1) * N / M * width * item]
+
+
+def combine_bytes(width: int, item: int, k: int, tp: int, ep: int, tokens: int = 1 << 16) -> dict[str, float]:
+    """Bytes per token one rank sends to combine one MoE layer's routed experts on a tp x ep
+    mesh (experts over ep, their columns over tp), by each form the partition can run:
+    "all_reduce" sums the partial outputs [N, width] over the world; "all_to_all" dispatches
+    and combines over the ep group (at balanced routing) and then sums the tp columns over the
+    tp group. `tokens` only spreads the row counts' bytes."""
+    W = tp * ep
+    exchange = sum(exchange_bytes(tokens, k, width, item, ep)) / tokens
+    return {"all_reduce": sent_bytes("all_reduce", width * item, W),
+            "all_to_all": exchange + sent_bytes("all_reduce", width * item, tp)}
 
 
 def graph_comm(graph: Graph, at: dict[str, int] | None = None) -> dict[str, dict]:

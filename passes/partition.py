@@ -32,6 +32,7 @@ import copy
 import torch
 import torch.nn as nn
 
+from ..errors import UsageError
 from ..kernels import ops
 from ..kernels.collectives import current
 from ..models.common import GatedMLP
@@ -39,6 +40,7 @@ from ..models.kda_layer import KDAMixer
 from ..models.mla_layer import MLAMixer
 from ..models.moe_layer import MoE, MXFP4Experts
 from ..models.validate import _SPEC, state_spec
+from .cost import combine_bytes
 from .mesh import Mesh, check_divides
 
 
@@ -69,24 +71,28 @@ class ReducedMLP(GatedMLP):
 
 
 class ShardedMoE(MoE):
-    """The routed experts [lo, lo + n) of a MoE (intermediate columns already sliced)."""
+    """The routed experts [lo, lo + n) of a MoE (intermediate columns already sliced), combined
+    by `combine`: "all_reduce" (every rank runs its experts on the slots routed to them and the
+    partial outputs are summed over the world) or "all_to_all" (each member of the ep group
+    sends its token slice's slots to their experts' owners and takes the outputs back:
+    moe_dispatch / moe_combine, then the tp columns summed over the tp group)."""
 
     lo: int
     n_local: int
     group: list[int]
+    combine: str = "all_reduce"
+    ep_group: list[int]
+    tp_group: list[int]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, d = x.shape
         x2 = x.reshape(B * T, d)
         idx, w = self.route(x2)  # every rank routes every token, as the MoE it shards
-        local = idx - self.expert_lo  # a buffer, not a constant: every rank's graph is one capture
-        below, above = local < 0, local > self.n_local - 1  # slots of another rank's experts ...
-        w = w.masked_fill(below, 0.0).masked_fill(above, 0.0)  # ... add nothing here
-        local = local.masked_fill(below, 0).masked_fill(above, 0)
         h = self.routed_expert_down_proj(x2) if hasattr(self, "routed_expert_down_proj") else x2
-        y = self.routed(h, local, w)
-        # summed as [B, T, width]: a value crossing a collective keeps dims its segment can bind
-        y = _reduce(y.view(B, T, -1), self.group)
+        if self.combine == "all_to_all":
+            y = _reduce(self._exchanged(h, idx, w).view(B, T, -1), self.tp_group)
+        else:
+            y = _reduce(self._masked(h, idx, w).view(B, T, -1), self.group)  # [B, T, width]: dims a segment binds
         if hasattr(self, "routed_expert_norm"):
             y = self.routed_expert_norm(y)
         if hasattr(self, "routed_expert_up_proj"):
@@ -94,6 +100,38 @@ class ShardedMoE(MoE):
         if hasattr(self, "shared_experts"):
             y = y + self.shared_experts(x)
         return y
+
+    def _masked(self, h: torch.Tensor, idx: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """This rank's experts on every token, the slots of other ranks' experts weighted 0."""
+        local = idx - self.expert_lo  # a buffer, not a constant: every rank's graph is one capture
+        below, above = local < 0, local > self.n_local - 1
+        w = w.masked_fill(below, 0.0).masked_fill(above, 0.0)
+        local = local.masked_fill(below, 0).masked_fill(above, 0)
+        return self.routed(h, local, w)
+
+    def _exchanged(self, h: torch.Tensor, idx: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """The slots of this member's token slice to their experts' owners, the owners' outputs
+        (unweighted) back, weighted and summed per token, every token's row gathered."""
+        if h.is_meta:  # shapes only (k3c plan): the rows at balanced routing, the bytes counted
+            return _meta_exchange(self, h, idx)
+        rows, ids, route = ops.moe_dispatch(h, idx, group=list(self.ep_group), experts=self.n_local)
+        y = self.routed(rows, ids, torch.ones_like(ids, dtype=torch.float32))
+        return ops.moe_combine(y, route, w, group=list(self.ep_group))
+
+
+def _meta_exchange(m: ShardedMoE, h: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """moe_dispatch + moe_combine on meta tensors: the comm told what a rank sends at balanced
+    routing (passes/cost.py's `exchange_bytes`), the result [N, width] as combine makes it."""
+    from .cost import exchange_bytes
+
+    comm = current("moe_dispatch")
+    if hasattr(comm, "expect"):
+        N, k = idx.shape
+        for nbytes in exchange_bytes(N, k, h.shape[1], h.element_size(), len(m.ep_group)):
+            comm.expect("all_to_all", nbytes)
+    rows = h.new_empty((h.shape[0] * idx.shape[1] // len(m.ep_group) + 1, h.shape[1]))
+    y = m.routed(rows, idx.new_zeros((rows.shape[0], 1)), h.new_ones((rows.shape[0], 1), dtype=torch.float32))
+    return y.new_empty((h.shape[0], y.shape[1]))
 
 
 def _rows(p: nn.Parameter, lo: int, hi: int, dim: int = 0) -> nn.Parameter:
@@ -152,7 +190,7 @@ def _mla(m: MLAMixer, t: int, tp: int, group: list[int]) -> None:
     m.H = H
 
 
-def _moe(m: MoE, mesh: Mesh, e: int, t: int) -> None:
+def _moe(m: MoE, mesh: Mesh, e: int, t: int, combine: str) -> None:
     ex = m.experts
     E = ex.w13_packed.shape[0] if isinstance(ex, MXFP4Experts) else ex.w13.shape[0]
     n, i = E // mesh.ep, m.I // mesh.tp
@@ -169,6 +207,8 @@ def _moe(m: MoE, mesh: Mesh, e: int, t: int) -> None:
         per = b.shape[2] // mesh.tp  # w2's last dim is I (or I/2 packed, I/32 scales)
         setattr(ex, w2, nn.Parameter(b[:, :, t * per:(t + 1) * per].clone(), requires_grad=False))
     m.I, m.lo, m.n_local, m.group = i, lo, n, list(range(mesh.world))
+    r = e * mesh.tp + t
+    m.combine, m.ep_group, m.tp_group = combine, mesh.ep_group(r), mesh.tp_group(r)
     m.register_buffer("expert_lo", torch.tensor(lo, dtype=torch.int64, device=ex.w2.device
                                                 if hasattr(ex, "w2") else ex.w2_packed.device))
     m.__class__ = ShardedMoE
@@ -176,11 +216,27 @@ def _moe(m: MoE, mesh: Mesh, e: int, t: int) -> None:
         _mlp(m.shared_experts, t, mesh.tp, mesh.tp_group(e * mesh.tp + t))
 
 
-def partition(model: nn.Module, mesh: Mesh | str, rank: int) -> nn.Module:
+COMBINES = ("auto", "all_reduce", "all_to_all")
+
+
+def choose_combine(moe: MoE, mesh: Mesh) -> dict:
+    """{"all_reduce": bytes per token, "all_to_all": ..., "chosen": the fewer}: the routed
+    experts' combine priced both ways by passes/cost.py (ties: the all-reduce, one collective)."""
+    width = moe.routed_expert_down_proj.out_features if hasattr(moe, "routed_expert_down_proj") \
+        else moe.gate.weight.shape[1]
+    item = moe.gate.weight.element_size()
+    price = combine_bytes(width, item, moe.top_k, mesh.tp, mesh.ep)
+    return {**price, "chosen": "all_to_all" if price["all_to_all"] < price["all_reduce"] else "all_reduce"}
+
+
+def partition(model: nn.Module, mesh: Mesh | str, rank: int, combine: str = "auto") -> nn.Module:
     """Rank `rank`'s part of `model` on `mesh` (a copy; `model` is left whole). A mesh that
-    does not divide the heads, widths or experts is a UsageError naming each."""
+    does not divide the heads, widths or experts is a UsageError naming each. `combine`: how
+    the routed experts' outputs are combined ("auto": the form `choose_combine` prices lower)."""
     mesh = Mesh.parse(mesh)
     check_divides(mesh, model.config)
+    if combine not in COMBINES:
+        raise UsageError(f"combine must be one of {', '.join(COMBINES)}, got {combine!r}")
     e, t = mesh.coords(rank)
     group = mesh.tp_group(rank)
     spec = state_spec(model)  # the one-process state's shapes, before the copy (it caches them)
@@ -191,7 +247,9 @@ def partition(model: nn.Module, mesh: Mesh | str, rank: int) -> nn.Module:
             if hasattr(layer, "mlp"):
                 _mlp(layer.mlp, t, mesh.tp, group)
         if hasattr(layer, "block_sparse_moe") and mesh.world > 1:
-            _moe(layer.block_sparse_moe, mesh, e, t)
+            moe = layer.block_sparse_moe
+            how = choose_combine(moe, mesh)["chosen"] if combine == "auto" else combine
+            _moe(moe, mesh, e, t, how if mesh.ep > 1 else "all_reduce")  # one ep member: nothing to exchange
     part.mesh, part.rank = mesh, rank
     # the rank's state spec, so decode checks a shard against the shard's shapes (found by
     # running the rank's model it would need the other ranks)

@@ -11,9 +11,10 @@ communicator (k3c.kernels.collectives: the simulator's, or torch.distributed in 
                                                       to the owner of its expert -> x [rows, D], ids, route
     moe_combine(y, route, w)     {group}              expert outputs back, weighted sum per token, gathered
 
-`rows` is a dim the partition pass names (R1, R2, ...): how many rows arrive is only known
-when they do, so a value of that length is never inside a backend's segment and a segment
-that starts after it binds it from its input. No backend lowers these ops: the rank runner
+`rows` is a dim the capture names (R1, R2, ...; attr kind "rows"): how many rows arrive is
+only known when they do (the torch op's fake makes it a data-dependent size), so a value of
+that length is never inside a backend's segment and a segment that starts after it binds it
+from its input. No backend lowers these ops: the rank runner
 runs them between segments (k3c.distributed), and passes/cost.py has the bytes they send.
 """
 
@@ -104,18 +105,19 @@ defop("reduce_scatter", "x", attrs={"group": GROUP, "dim": attr("int", 0)}, infe
       flops=_sum_flops, families="collective", eager=True,
       ref=lambda x, group, dim: C.current("reduce_scatter").reduce_scatter(x, list(group), dim),
       doc="y = this rank's 1/M (by its place in `group`) along `dim` of the sum of x over the group")
-defop("all_to_all", "x counts", "y received", attrs={"group": GROUP, "rows": attr("dim")}, infer=_a2a_infer,
-      flops=NONE, families="collective",
-      ref=lambda x, counts, group, rows: C.all_to_all(C.current("all_to_all"), x, counts, list(group)),
+defop("all_to_all", "x counts", "y received", attrs={"group": GROUP, "rows": attr("rows")}, infer=_a2a_infer,
+      flops=NONE, families="collective", eager=True,
+      ref=lambda x, counts, group, rows=None: C.all_to_all(C.current("all_to_all"), x, counts, list(group)),
       doc="counts[j] rows of x, in order, to member j of `group`; y: the rows received, by source")
 defop("moe_dispatch", "h idx", "x ids route",
-      attrs={"group": GROUP, "experts": attr("int", lo=1), "rows": attr("dim")}, infer=_dispatch_infer,
-      flops=NONE, families="collective moe",
-      ref=lambda h, idx, group, experts, rows: C.moe_dispatch(C.current("moe_dispatch"), h, idx, list(group),
+      attrs={"group": GROUP, "experts": attr("int", lo=1), "rows": attr("rows")}, infer=_dispatch_infer,
+      flops=NONE, families="collective moe", eager=True,
+      ref=lambda h, idx, group, experts, rows=None: C.moe_dispatch(C.current("moe_dispatch"), h, idx, list(group),
                                                               experts),
       doc="the (token, slot)s of this rank's token slice to the owners of their experts (experts per rank: "
           "`experts`); x: rows for this rank's experts + one padding row, ids: their local expert ids")
 defop("moe_combine", "y route w", attrs={"group": GROUP}, infer=_combine_infer, families="collective moe",
+      eager=True,
       flops=lambda ins, outs, a: 2 * ins[2][0] * ins[2][1] * ins[0][1],
       ref=lambda y, route, w, group: C.moe_combine(C.current("moe_combine"), y, route, w, list(group)),
       doc="expert outputs back to their slots, sum_j w[n, j] * y_slot (fp32), the slices gathered: [N, D]")

@@ -46,7 +46,10 @@ class _Required:
 
 REQUIRED = _Required()
 
-KINDS = ("float", "int", "bool", "str", "dim", "shape", "ints", "dtype", "number", "any")
+# "rows": a dim that the data decides (how many rows an all-to-all brings is known only when
+# they arrive): a dim symbol in the IR, no argument of the torch op, whose fake makes it a
+# data-dependent size and whose builder names it afresh (R1, R2, ...)
+KINDS = ("float", "int", "bool", "str", "dim", "shape", "ints", "dtype", "number", "rows", "any")
 
 
 def _is_int(v) -> bool:
@@ -65,6 +68,7 @@ _CHECKS: dict[str, Callable[[Any], bool]] = {
     "bool": lambda v: isinstance(v, bool),
     "str": lambda v: isinstance(v, str),
     "dim": _is_dim,
+    "rows": lambda v: isinstance(v, sympy.Symbol),
     "shape": lambda v: isinstance(v, (list, tuple)) and all(_is_dim(d) for d in v),
     "ints": lambda v: isinstance(v, (list, tuple)) and all(_is_int(d) for d in v),
     "dtype": lambda v: isinstance(v, str) and v in DTYPES,
@@ -72,7 +76,8 @@ _CHECKS: dict[str, Callable[[Any], bool]] = {
     "any": lambda v: True,
 }
 _ARTICLE = {"float": "a finite float32 value", "int": "an int", "bool": "true or false", "str": "a string",
-            "dim": "a dim (an int or an expression of the dims)", "shape": "a list of dims",
+            "dim": "a dim (an int or an expression of the dims)", "rows": "a dim name (a symbol)",
+            "shape": "a list of dims",
             "ints": "a list of ints", "dtype": f"a dtype ({', '.join(DTYPES)})", "number": "a number"}
 
 

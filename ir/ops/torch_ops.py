@@ -34,6 +34,8 @@ def _signature(spec: OpSpec) -> inspect.Signature:
         ann = torch.Tensor | None if name.endswith("?") else torch.Tensor
         params.append(inspect.Parameter(name.rstrip("?"), inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=ann))
     for name, a in spec.attr_specs.items():
+        if a.kind == "rows":  # the data decides it: no argument (the fake makes a fresh size)
+            continue
         if a.kind not in _ANNOTATIONS:
             raise ValueError(f"op {spec.name}: attribute {name} of kind {a.kind} has no torch schema type")
         ann = _ANNOTATIONS[a.kind] | None if a.optional else _ANNOTATIONS[a.kind]
@@ -47,7 +49,16 @@ def _signature(spec: OpSpec) -> inspect.Signature:
 
 def _split(spec: OpSpec, args: tuple) -> tuple[list, dict]:
     n = len(spec.inputs)
-    return list(args[:n]), dict(zip(spec.attr_specs, args[n:]))
+    return list(args[:n]), dict(zip(_torch_attrs(spec), args[n:]))
+
+
+def _torch_attrs(spec: OpSpec) -> list[str]:
+    """The attributes that are arguments of the torch op, in order (not the "rows" dims)."""
+    return [k for k, a in spec.attr_specs.items() if a.kind != "rows"]
+
+
+def _rows_attrs(spec: OpSpec) -> list[str]:
+    return [k for k, a in spec.attr_specs.items() if a.kind == "rows"]
 
 
 def _fresh(outs, inputs) -> tuple:
@@ -80,6 +91,10 @@ def _fake(name: str):
         types = [None if x is None else _type_of(x, leaves) for x in ins]
         while types and types[-1] is None:  # absent optional inputs
             types.pop()
+        for k in _rows_attrs(spec):  # a size only the data knows: unbacked while tracing
+            size = torch.library.get_ctx().new_dynamic_size()
+            attrs[k] = sympy.sympify(size.node.expr)
+            leaves[attrs[k]] = size
         with D.assuming_equal() as pairs:
             inferred = spec.infer(*types, **spec.full_attrs(attrs))
         for a, b in pairs:  # what the op needs of its inputs' sizes, told to torch
@@ -113,6 +128,13 @@ def _size(d, leaves: dict):
         return leaves[d]
     if d.is_Integer:
         return int(d)
+    if not d.free_symbols <= set(leaves):
+        # a product the inputs hold only whole (B*T in [B*T, k] -> route [B*T*k + 2M]): name the
+        # inputs' compound sizes and write d in them
+        names = {e: sympy.Dummy() for e in leaves if not e.is_Symbol}
+        d2 = d.subs(names)
+        if d2 != d and d2.free_symbols <= set(leaves) | set(names.values()):
+            return _size(d2, {**leaves, **{names[e]: leaves[e] for e in names}})
     if d.is_Symbol:
         raise ValueError(f"inferred dim {d} is no dim of the inputs")
     args = [_size(a, leaves) for a in d.args]

@@ -38,17 +38,18 @@ from .segments import is_collective, plan_from_json, plan_to_json, run_plan, spl
 MANIFEST = "mesh.json"
 
 
-def rank_graphs(model: torch.nn.Module, mesh: Mesh, example_inputs: tuple) -> Iterator[dict[str, Graph]]:
+def rank_graphs(model: torch.nn.Module, mesh: Mesh, example_inputs: tuple,
+                combine: str = "auto") -> Iterator[dict[str, Graph]]:
     """Every rank's entries (prefill, decode), in rank order. The parts differ only in their
     weights (even splits, the expert offset a buffer) and in which ranks their collectives
     name, so rank 0's part is captured once and each rank's graphs are those with its own
     weights bound and its groups put in: rank 0's tp group becomes the rank's tp group, its
-    ep group the rank's ep group (the world stays the world)."""
+    ep group the rank's ep group (the world stays the world). `combine`: partition's."""
     with using(ShapeComm(0)):
-        first = capture_entries(partition(model, mesh, 0), example_inputs)
+        first = capture_entries(partition(model, mesh, 0, combine), example_inputs)
     world = list(range(mesh.world))
     for r in range(mesh.world):
-        graphs = rebind_weights(first, partition(model, mesh, r)) if r else first
+        graphs = rebind_weights(first, partition(model, mesh, r, combine)) if r else first
         names = {tuple(mesh.tp_group(0)): mesh.tp_group(r), tuple(mesh.ep_group(0)): mesh.ep_group(r),
                  tuple(world): world}
         for g in graphs.values():

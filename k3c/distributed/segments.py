@@ -13,12 +13,15 @@ artifact, so every backend runs it as it runs any graph.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import sympy
 import torch
 
 from ..ir import Graph
+from ..ir import dims as D
 from ..ir.graph import Node
 from ..ir.ops import OPS
 
@@ -53,9 +56,11 @@ def split(graph: Graph, entry: str) -> tuple[list[Segment | Node], dict[str, Gra
     fixed = _fixed_values(graph)
     plan: list[Segment | Node] = []
     graphs: dict[str, Graph] = {}
+    before: list[str] = list(graph.inputs)  # the values there are when a piece starts
     for piece, after in zip(runs, later):
         if isinstance(piece, Node):
             plan.append(piece)
+            before += piece.outputs
             continue
         if not piece:
             continue
@@ -75,6 +80,8 @@ def split(graph: Graph, entry: str) -> tuple[list[Segment | Node], dict[str, Gra
         for n in piece:
             ins += [i for i in n.inputs if i not in made and i not in graph.weights and i not in ins]
         outs = [o for n in piece for o in n.outputs if o in after]
+        ins += _binders(graph, piece, ins, before)
+        before += [o for n in piece for o in n.outputs]
         name = f"{entry}_s{len(graphs)}"
         g = graph.copy()
         g.name, g.nodes, g.inputs, g.outputs = f"{graph.name}.s{len(graphs)}", [
@@ -88,6 +95,25 @@ def split(graph: Graph, entry: str) -> tuple[list[Segment | Node], dict[str, Gra
         graphs[name] = g
         plan.append(Segment(name, ins, outs))
     return plan, graphs
+
+
+def _binders(graph: Graph, piece: list[Node], ins: list[str], before: list[str]) -> list[str]:
+    """Earlier values a segment takes only for their sizes: a dim its nodes use that none of
+    its inputs holds as an axis of its own (B and T after a collective that returns [B*T, D])
+    is bound from the first earlier value that does (the entry's inputs first)."""
+    def bare(names):
+        return {d for v in names for d in graph.types[v].shape if isinstance(d, sympy.Symbol)}
+
+    used = {d for n in piece for v in n.inputs + n.outputs for x in graph.types[v].shape
+            if not isinstance(x, int) for d in x.free_symbols}
+    missing, extra = used - bare(ins), []
+    for v in before:
+        if not missing:
+            break
+        if v not in ins and v not in graph.weights and bare([v]) & missing:
+            extra.append(v)
+            missing -= bare([v])
+    return extra
 
 
 def _fixed_values(graph: Graph) -> set[str]:
@@ -129,9 +155,19 @@ def run_plan(plan: list[Segment | Node], graph_inputs: list[str], graph_outputs:
 
 def plan_to_json(plan: list[Segment | Node]) -> list[dict]:
     return [{"segment": p.entry, "inputs": p.inputs, "outputs": p.outputs} if isinstance(p, Segment)
-            else {"collective": p.op, "inputs": p.inputs, "outputs": p.outputs, "attrs": p.attrs} for p in plan]
+            else {"collective": p.op, "inputs": p.inputs, "outputs": p.outputs,
+                  "attrs": {k: str(v) if isinstance(v, sympy.Basic) else v for k, v in p.attrs.items()}}
+            for p in plan]
 
 
 def plan_from_json(rows: list[dict]) -> list[Segment | Node]:
     return [Segment(r["segment"], r["inputs"], r["outputs"]) if "segment" in r
-            else Node(r["collective"], r["inputs"], r["outputs"], r["attrs"]) for r in rows]
+            else Node(r["collective"], r["inputs"], r["outputs"], _attrs(r["collective"], r["attrs"])) for r in rows]
+
+
+def _attrs(op: str, attrs: dict) -> dict:
+    """A collective's attributes as the IR holds them: its dims (the rows an all-to-all brings)
+    as dim expressions again."""
+    kinds = {k: a.kind for k, a in OPS[op].attr_specs.items()}
+    return {k: D.parse(v, {n: D.sym(n) for n in re.findall(r"[A-Za-z_]\w*", v)})
+            if kinds.get(k) in ("dim", "rows") and isinstance(v, str) else v for k, v in attrs.items()}

@@ -138,17 +138,23 @@ def _diff_mesh(args: argparse.Namespace, model, specs) -> int:
     from .distributed.diff import diff_mesh, format_report
 
     report = diff_mesh(model, specs, args.mesh, seq_len=args.seq_len, batch=args.batch,
-                       decode_steps=args.decode_steps, out_root=args.out)
+                       decode_steps=args.decode_steps, out_root=args.out, combine=args.combine)
     print(format_report(report))
     if args.json:
         _write_json(args.json, report)
     return 0 if report["ok"] else 1
 
 
+def _combine_arg(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--combine", choices=("auto", "all_reduce", "all_to_all"), default="auto",
+                   help="how a mesh combines the routed experts' outputs: an all-reduce over the world, the "
+                        "all-to-all dispatch and combine over the ep group, or (auto) the one that sends fewer bytes")
+
+
 def _cmd_plan(args: argparse.Namespace) -> int:
     from .plan import format_plan, plan
 
-    report = plan(args.model, args.mesh, args.seq_len)
+    report = plan(args.model, args.mesh, args.seq_len, combine=args.combine)
     print(format_plan(report))
     if args.json:
         _write_json(args.json, report)
@@ -332,6 +338,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--no-bisect", action="store_true", help="do not look for the first differing node")
     s.add_argument("-v", "--verbose", action="store_true", help="one row per output and state tensor")
     s.add_argument("--mesh", help="tp=N,ep=M: compile one artifact per rank, spawn the ranks (gloo on CPU)")
+    _combine_arg(s)
     _precision_args(s)
     s.set_defaults(func=_cmd_diff)
 
@@ -340,6 +347,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--mesh", required=True, help="tp=N,ep=M")
     s.add_argument("--seq-len", type=checks.count(1), default=4096)
     s.add_argument("--json", help="write the plan as JSON to this file")
+    _combine_arg(s)
     s.set_defaults(func=_cmd_plan)
 
     s = sub.add_parser("bench", help="time prefill and decode: eager, torch.compile and backends")

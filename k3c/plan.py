@@ -10,9 +10,9 @@ counts (k3c.distributed.comm.ShapeComm, bytes as passes/cost.py's `sent_bytes` d
         "moe_combine": {...}}
 
 `count` is the collectives per forward pass, `bytes` what one rank sends per token. The routed
-experts' combine is run as an all-reduce over the world (reduce-scatter + all-gather); the
-all-to-all dispatch and combine it would replace is priced beside it at balanced routing, and
-the cheaper is named ("chosen").
+experts' combine is priced both ways (an all-reduce over the world, or the all-to-all dispatch
+and combine over the ep group at balanced routing, then the tp columns summed), the cheaper
+named ("chosen") and the form the partition ran ("run": the chosen one unless `combine` says).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from .errors import UsageError
 from .kernels.collectives import using
 from .models.precision import unique_tensors
 from .passes.mesh import Mesh
-from .passes.partition import ShardedMoE, partition
+from .passes.partition import combine_report, partition
 
 
 def _release(name: str, dtype: str | None):
@@ -38,23 +38,10 @@ def _release(name: str, dtype: str | None):
     return models.build(name, dtype=dt, experts=experts if dt != torch.float32 else None, device="meta")
 
 
-def _a2a_combine(part: ShardedMoE, world: int, tokens: int, item: int) -> tuple[float, float]:
-    """Bytes per token one rank sends to combine one MoE layer's routed experts: by the
-    all-reduce it runs, and by an all-to-all dispatch + combine (+ the all-gather of the token
-    slices) at balanced routing."""
-    M, k = world, part.top_k
-    width = part.routed_expert_down_proj.out_features if hasattr(part, "routed_expert_down_proj") \
-        else part.gate.weight.shape[1]
-    away = (M - 1) / M
-    allreduce = 2 * away * width * item
-    dispatch = k / M * away * (width * item + 8)
-    combine = k / M * away * width * item + away * width * item
-    return allreduce, dispatch + combine + 8 * (M - 1) / tokens
-
-
 def plan(name: str, mesh: Mesh | str, seq_len: int = 4096, *, dtype: str | None = None,
-         model: torch.nn.Module | None = None, batch: int = 1) -> dict:
-    """Per rank bytes of weights and of state at `seq_len`, and bytes sent per token."""
+         model: torch.nn.Module | None = None, batch: int = 1, combine: str = "auto") -> dict:
+    """Per rank bytes of weights and of state at `seq_len`, and bytes sent per token, with the
+    routed experts combined as `combine` says (passes/partition.py)."""
     from .distributed.comm import ShapeComm
 
     mesh = Mesh.parse(mesh)
@@ -63,7 +50,7 @@ def plan(name: str, mesh: Mesh | str, seq_len: int = 4096, *, dtype: str | None 
     ids = torch.zeros(batch, seq_len, dtype=torch.long, device=dev)
     # every split is even (partition checks that the mesh divides each), so every rank holds
     # what rank 0 holds and sends what it sends
-    part = partition(model, mesh, 0)
+    part = partition(model, mesh, 0, combine)
     comm = ShapeComm(0)
     with using(comm), torch.no_grad():
         _, state = part.step(ids, None)
@@ -75,18 +62,9 @@ def plan(name: str, mesh: Mesh | str, seq_len: int = 4096, *, dtype: str | None 
            "state_bytes": sum(t.nbytes for t in state.values())}
     per_token = {"prefill": {k: {"count": pre[1][k], "bytes": pre[0][k] / (batch * seq_len)} for k in pre[0]},
                  "decode": {k: {"count": dec[1][k], "bytes": dec[0][k] / batch} for k in dec[0]}}
-    first = (row, part)
-    moes = [m for m in first[1].modules() if isinstance(m, ShardedMoE)]
-    combine = None
-    if moes:
-        item = torch.finfo(next(first[1].parameters()).dtype).bits // 8 \
-            if next(first[1].parameters()).is_floating_point() else 2
-        ar, a2a = (sum(v) for v in zip(*[_a2a_combine(m, mesh.world, batch * seq_len, item) for m in moes]))
-        combine = {"layers": len(moes), "all_reduce_bytes_per_token": ar, "all_to_all_bytes_per_token": a2a,
-                   "chosen": "all_reduce" if ar <= a2a else "all_to_all", "run": "all_reduce"}
     return {"model": name, "mesh": mesh.to_json(), "seq_len": seq_len,
-            "ranks": [{"rank": r, **first[0]} for r in range(mesh.world)],
-            "per_token": per_token, "moe_combine": combine}
+            "ranks": [{"rank": r, **row} for r in range(mesh.world)],
+            "per_token": per_token, "moe_combine": combine_report(model, mesh, combine)}
 
 
 def format_plan(p: dict) -> str:

@@ -228,12 +228,11 @@ def combine_bytes(width: int, item: int, k: int, tp: int, ep: int, tokens: int =
     """Bytes per token one rank sends to combine one MoE layer's routed experts on a tp x ep
     mesh (experts over ep, their columns over tp), by each form the partition can run:
     "all_reduce" sums the partial outputs [N, width] over the world; "all_to_all" dispatches
-    and combines over the ep group (at balanced routing) and then sums the tp columns over the
-    tp group. `tokens` only spreads the row counts' bytes."""
+    each slot to the tp ranks that hold its expert's columns and combines over the world (at
+    balanced routing). `tokens` only spreads the row counts' bytes."""
     W = tp * ep
-    exchange = sum(exchange_bytes(tokens, k, width, item, ep)) / tokens
     return {"all_reduce": sent_bytes("all_reduce", width * item, W),
-            "all_to_all": exchange + sent_bytes("all_reduce", width * item, tp)}
+            "all_to_all": sum(exchange_bytes(tokens, k * tp, width, item, W)) / tokens}
 
 
 def graph_comm(graph: Graph, at: dict[str, int] | None = None) -> dict[str, dict]:

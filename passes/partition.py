@@ -31,6 +31,7 @@ import copy
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from ..errors import UsageError
 from ..kernels import ops
@@ -73,15 +74,14 @@ class ReducedMLP(GatedMLP):
 class ShardedMoE(MoE):
     """The routed experts [lo, lo + n) of a MoE (intermediate columns already sliced), combined
     by `combine`: "all_reduce" (every rank runs its experts on the slots routed to them and the
-    partial outputs are summed over the world) or "all_to_all" (each member of the ep group
-    sends its token slice's slots to their experts' owners and takes the outputs back:
-    moe_dispatch / moe_combine, then the tp columns summed over the tp group)."""
+    partial outputs are summed over the world) or "all_to_all" (each rank sends its token
+    slice's slots to the ranks holding their experts' columns and takes the outputs back:
+    moe_dispatch / moe_combine over the world)."""
 
     lo: int
     n_local: int
     group: list[int]
     combine: str = "all_reduce"
-    ep_group: list[int]
     tp_group: list[int]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -90,7 +90,7 @@ class ShardedMoE(MoE):
         idx, w = self.route(x2)  # every rank routes every token, as the MoE it shards
         h = self.routed_expert_down_proj(x2) if hasattr(self, "routed_expert_down_proj") else x2
         if self.combine == "all_to_all":
-            y = _reduce(self._exchanged(h, idx, w).view(B, T, -1), self.tp_group)
+            y = self._exchanged(h, idx, w).view(B, T, -1)
         else:
             y = _reduce(self._masked(h, idx, w).view(B, T, -1), self.group)  # [B, T, width]: dims a segment binds
         if hasattr(self, "routed_expert_norm"):
@@ -110,13 +110,27 @@ class ShardedMoE(MoE):
         return self.routed(h, local, w)
 
     def _exchanged(self, h: torch.Tensor, idx: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        """The slots of this member's token slice to their experts' owners, the owners' outputs
-        (unweighted) back, weighted and summed per token, every token's row gathered."""
+        """The slots of this rank's token slice to their experts' owners, the owners' outputs
+        (unweighted) back, weighted and summed per token, every token's row gathered. Over
+        the world: an expert's columns are split over its tp group, so each slot goes to each
+        of those tp ranks (as a slot of its own, weighted alike) and its partial outputs sum
+        in the combine."""
+        idx, w = self._replicated(idx, w)
         if h.is_meta:  # shapes only (k3c plan): the rows at balanced routing, the bytes counted
             return _meta_exchange(self, h, idx)
-        rows, ids, route = ops.moe_dispatch(h, idx, group=list(self.ep_group), experts=self.n_local)
+        rows, ids, route = ops.moe_dispatch(h, idx, group=list(self.group), experts=self.n_local)
         y = self.routed(rows, ids, torch.ones_like(ids, dtype=torch.float32))
-        return ops.moe_combine(y, route, w, group=list(self.ep_group))
+        return ops.moe_combine(y, route, w, group=list(self.group))
+
+    def _replicated(self, idx: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Expert e's t-th column slice as the slot id of world rank (e // n) tp + t's local
+        expert e % n (moe_dispatch sends slot id v to member v // n as local expert v % n),
+        looked up in `slot_ids` [E, tp]; each copy of a slot weighted alike."""
+        if not hasattr(self, "slot_ids"):
+            return idx, w
+        N, k = idx.shape
+        ids = F.embedding(idx, self.slot_ids)  # [N, k, tp]
+        return ids.reshape(N, -1), w.unsqueeze(-1).expand(N, k, self.slot_ids.shape[1]).reshape(N, -1)
 
 
 def _meta_exchange(m: ShardedMoE, h: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
@@ -127,9 +141,9 @@ def _meta_exchange(m: ShardedMoE, h: torch.Tensor, idx: torch.Tensor) -> torch.T
     comm = current("moe_dispatch")
     if hasattr(comm, "expect"):
         N, k = idx.shape
-        for nbytes in exchange_bytes(N, k, h.shape[1], h.element_size(), len(m.ep_group)):
+        for nbytes in exchange_bytes(N, k, h.shape[1], h.element_size(), len(m.group)):
             comm.expect("all_to_all", nbytes)
-    rows = h.new_empty((h.shape[0] * idx.shape[1] // len(m.ep_group) + 1, h.shape[1]))
+    rows = h.new_empty((h.shape[0] * idx.shape[1] // len(m.group) + 1, h.shape[1]))
     y = m.routed(rows, idx.new_zeros((rows.shape[0], 1)), h.new_ones((rows.shape[0], 1), dtype=torch.float32))
     return y.new_empty((h.shape[0], y.shape[1]))
 
@@ -208,9 +222,13 @@ def _moe(m: MoE, mesh: Mesh, e: int, t: int, combine: str) -> None:
         setattr(ex, w2, nn.Parameter(b[:, :, t * per:(t + 1) * per].clone(), requires_grad=False))
     m.I, m.lo, m.n_local, m.group = i, lo, n, list(range(mesh.world))
     r = e * mesh.tp + t
-    m.combine, m.ep_group, m.tp_group = combine, mesh.ep_group(r), mesh.tp_group(r)
-    m.register_buffer("expert_lo", torch.tensor(lo, dtype=torch.int64, device=ex.w2.device
-                                                if hasattr(ex, "w2") else ex.w2_packed.device))
+    m.combine, m.tp_group = combine, mesh.tp_group(r)
+    device = ex.w2.device if hasattr(ex, "w2") else ex.w2_packed.device
+    m.register_buffer("expert_lo", torch.tensor(lo, dtype=torch.int64, device=device))
+    if combine == "all_to_all" and mesh.tp > 1:  # the same table on every rank: one capture serves all
+        ids = torch.arange(E)
+        table = torch.stack([(ids // n * mesh.tp + tt) * n + ids % n for tt in range(mesh.tp)], 1)
+        m.register_buffer("slot_ids", table.to(device))
     m.__class__ = ShardedMoE
     if hasattr(m, "shared_experts"):
         _mlp(m.shared_experts, t, mesh.tp, mesh.tp_group(e * mesh.tp + t))
@@ -227,6 +245,20 @@ def choose_combine(moe: MoE, mesh: Mesh) -> dict:
     item = moe.gate.weight.element_size()
     price = combine_bytes(width, item, moe.top_k, mesh.tp, mesh.ep)
     return {**price, "chosen": "all_to_all" if price["all_to_all"] < price["all_reduce"] else "all_reduce"}
+
+
+def combine_report(model: nn.Module, mesh: Mesh, combine: str = "auto") -> dict | None:
+    """What the routed experts' combine costs each way per token (all MoE layers) and which
+    form the partition runs with `combine`; None for a model without routed experts."""
+    moes = [m for m in model.modules() if isinstance(m, MoE)]
+    if not moes or mesh.world == 1:
+        return None
+    rows = [choose_combine(m, mesh) for m in moes]
+    run = [(r["chosen"] if combine == "auto" else combine) if mesh.ep > 1 else "all_reduce" for r in rows]
+    return {"layers": len(moes), "asked": combine,
+            "all_reduce_bytes_per_token": sum(r["all_reduce"] for r in rows),
+            "all_to_all_bytes_per_token": sum(r["all_to_all"] for r in rows),
+            "chosen": rows[0]["chosen"], "run": run[0]}
 
 
 def partition(model: nn.Module, mesh: Mesh | str, rank: int, combine: str = "auto") -> nn.Module:

@@ -218,6 +218,8 @@ class ShapeComm(_Counted):
         return x.chunk(len(group), dim)[group.index(self.rank)].clone()
 
     def all_to_all(self, x, counts, group, received=None):
+        if received is not None and sum(received) != x.shape[0]:  # the rows the caller knows will come
+            return x.new_zeros((sum(received), *x.shape[1:])), list(received)
         return x.clone(), list(counts)
 
     def expect(self, kind: str, nbytes: float) -> None:

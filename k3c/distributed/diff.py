@@ -18,6 +18,7 @@ import torch
 
 from ..numerics import compare, model_tolerance
 from ..passes.mesh import Mesh
+from ..passes.partition import combine_report
 from .runner import RankModel, compile_mesh
 from .simulate import run_ranks
 from .spawn import spawn
@@ -79,7 +80,7 @@ def compare_mesh(model: torch.nn.Module, results: list[dict], job: dict, mesh: M
 
 def diff_mesh(model: torch.nn.Module, backends: list[str], mesh: Mesh | str, *, seq_len: int = 16, batch: int = 2,
               decode_steps: int = 2, out_root: str | Path | None = None, timeout_s: float = 120.0,
-              simulate: bool = False, seed: int = 0) -> dict:
+              simulate: bool = False, seed: int = 0, combine: str = "auto") -> dict:
     """{"mesh": ..., "backends": {name: {"prefill", "decode", "state": {max_abs_err, rel_rms_err, ok},
     "ok", "sent", "calls"}}}; artifacts in out_root (a temporary folder, removed, when None)."""
     mesh = Mesh.parse(mesh)
@@ -88,10 +89,12 @@ def diff_mesh(model: torch.nn.Module, backends: list[str], mesh: Mesh | str, *, 
     ids = torch.randint(0, vocab, (batch, seq_len + decode_steps), generator=g)
     job = {"input_ids": ids[:, :seq_len], "decode_ids": ids[:, seq_len:]}
     root = Path(out_root) if out_root is not None else Path(tempfile.mkdtemp(prefix="k3c-mesh-diff-"))
-    report = {"model": getattr(model, "name", type(model).__name__), "mesh": mesh.to_json(), "backends": {}}
+    report = {"model": getattr(model, "name", type(model).__name__), "mesh": mesh.to_json(), "backends": {},
+              "combine": combine_report(model, mesh, combine)}
     try:
         for b in backends:
-            d = compile_mesh(model, b, (job["input_ids"],), mesh, root / b.replace(":", "-"), force=True)
+            d = compile_mesh(model, b, (job["input_ids"],), mesh, root / b.replace(":", "-"), force=True,
+                             combine=combine)
             results = run_mesh(d, job, mesh.world, simulate, timeout_s)
             report["backends"][b] = compare_mesh(model, results, job, mesh)
     finally:
@@ -102,8 +105,10 @@ def diff_mesh(model: torch.nn.Module, backends: list[str], mesh: Mesh | str, *, 
 
 
 def format_report(report: dict) -> str:
+    c = report.get("combine")
+    how = f", routed experts combined by {c['run']}" if c else ""
     lines = [f"{report['model']} on tp={report['mesh']['tp']}, ep={report['mesh']['ep']} "
-             f"({report['mesh']['world']} ranks) vs the one-process eager model"]
+             f"({report['mesh']['world']} ranks{how}) vs the one-process eager model"]
     for b, v in report["backends"].items():
         parts = [f"{k} {v[k]['max_abs_err']:.2e} / {v[k]['rel_rms_err']:.2e}" for k in ("prefill", "decode", "state")]
         sent = sum(sum(s.values()) for s in v["sent"]) / len(v["sent"])

@@ -31,7 +31,7 @@ from ..errors import ArtifactError
 from ..ir import Graph
 from ..kernels.collectives import using
 from ..passes.mesh import Mesh
-from ..passes.partition import partition
+from ..passes.partition import combine_report, partition
 from .comm import ShapeComm
 from .segments import is_collective, plan_from_json, plan_to_json, run_plan, split
 
@@ -61,10 +61,13 @@ def rank_graphs(model: torch.nn.Module, mesh: Mesh, example_inputs: tuple,
 
 def compile_mesh(model: torch.nn.Module, backend: str, example_inputs: tuple, mesh: Mesh | str,
                  out_dir: str | Path | None = None, passes: str | list[str] = "default", *,
-                 force: bool = False, captured: list[dict[str, Graph]] | None = None, **options) -> Path:
+                 force: bool = False, captured: list[dict[str, Graph]] | None = None, combine: str = "auto",
+                 **options) -> Path:
     """Write one artifact per rank of `mesh` for `backend`, and the mesh manifest; returns the
     folder. `captured`: the ranks' graphs from `rank_graphs` (the same for every backend), to
-    compile one capture for several backends."""
+    compile one capture for several backends (made with the same `combine`). `combine`: how
+    the routed experts' outputs are combined (passes/partition.py: auto, all_reduce,
+    all_to_all); the manifest records what ran."""
     mesh = Mesh.parse(mesh)
     backend, _, flavour = backend.partition(":")  # onnx:ort, as k3c diff names a flavour
     if flavour:
@@ -76,11 +79,13 @@ def compile_mesh(model: torch.nn.Module, backend: str, example_inputs: tuple, me
     out.mkdir(parents=True, exist_ok=True)
     ranks = []
     with _shared_builds():
-        for r, graphs in enumerate(captured if captured is not None else rank_graphs(model, mesh, example_inputs)):
+        parts = captured if captured is not None else rank_graphs(model, mesh, example_inputs, combine)
+        for r, graphs in enumerate(parts):
             ranks.append(_write_rank(be, steps, r, graphs, out, force))
     manifest = {"mesh": mesh.to_json(), "backend": backend,
                 "options": {k: v for k, v in options.items() if isinstance(v, (str, int, float, bool))},
-                "model": getattr(model, "name", type(model).__name__), "ranks": ranks}
+                "model": getattr(model, "name", type(model).__name__), "combine": combine_report(model, mesh, combine),
+                "ranks": ranks}
     (out / MANIFEST).write_text(json.dumps(manifest, indent=1))
     return out
 

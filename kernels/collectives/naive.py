@@ -84,7 +84,7 @@ def moe_combine(comm: Comm, y: torch.Tensor, route: torch.Tensor, w: torch.Tenso
     send, received, position = route[:M], route[M:2 * M], route[2 * M:]
     back, _ = comm.all_to_all(y[:-1], received.tolist(), group, send.tolist())  # the padding row stays here
     lo, hi = token_slice(N, me, M)
-    per_slot = back[position[lo * k:hi * k]].reshape(hi - lo, k, -1)
+    per_slot = back[position[lo * k:hi * k]].reshape(hi - lo, k, y.shape[1])  # a slice may be empty
     part = (w[lo:hi, :, None].float() * per_slot.float()).sum(1).to(y.dtype)
     sizes = [token_slice(N, j, M)[1] - token_slice(N, j, M)[0] for j in range(M)]
     out, _ = comm.all_to_all(part.repeat(M, 1), [hi - lo] * M, group, sizes)  # all-gather of uneven slices

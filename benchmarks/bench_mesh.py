@@ -1,4 +1,4 @@
-"""One process vs a mesh of two (tp=2, then ep=2): prefill of T tokens and N decode steps of
+"""One process vs a mesh of two (tp=2, then ep=2 with each combine): prefill of T tokens and N decode steps of
 k3-small, every configuration spawned the same way (k3c.distributed.spawn, gloo on CPU, one
 thread per rank), side by side in one run.
 
@@ -8,7 +8,8 @@ thread per rank), side by side in one run.
 Per configuration: the seconds of prefill and of the decode loop on rank 0 (no warm-up: the
 first call of each segment pays its session's start-up, alike in every configuration), the
 share of each spent in collectives (which includes waiting for the slower rank), the bytes
-rank 0 sent, and the bytes `k3c plan` predicts for the same model, mesh and lengths. The
+rank 0 sent, and the bytes `k3c plan` predicts for the same model, mesh and lengths (exact
+for the all-reduces; for the all-to-all exchange, its expectation at balanced routing). The
 logits of each run are compared with the eager model.
 """
 
@@ -37,7 +38,8 @@ def main() -> None:
     ap.add_argument("--backend", default="onnx")
     ap.add_argument("--prefill", type=int, default=1024)
     ap.add_argument("--decode", type=int, default=64)
-    ap.add_argument("--meshes", default="tp=1;tp=2;ep=2")
+    ap.add_argument("--meshes", default="tp=1;tp=2;ep=2;ep=2@all_to_all",
+                    help="';'-separated meshes, each optionally @combine (auto, all_reduce, all_to_all)")
     ap.add_argument("--json")
     args = ap.parse_args()
     model = models.build(args.model).eval()
@@ -47,17 +49,20 @@ def main() -> None:
     rows = []
     root = Path(tempfile.mkdtemp(prefix="k3c-bench-mesh-"))
     for text in args.meshes.split(";"):
-        mesh = Mesh.parse(text)
-        d = compile_mesh(model, args.backend, (job["input_ids"][:, :16],), mesh, root / text.replace(",", "_"))
+        spec, _, combine = text.partition("@")
+        mesh, combine = Mesh.parse(spec), combine or "auto"
+        d = compile_mesh(model, args.backend, (job["input_ids"][:, :16],), mesh,
+                         root / text.replace(",", "_").replace("@", "_"), combine=combine)
         res = spawn(d, job, mesh.world, timeout_s=3600)
         check = compare_mesh(model, res, job, mesh)
         t = res[0]["timings"]
         coll = t["prefill_parts"].get("collectives", 0.0), t["decode_parts"].get("collectives", 0.0)
-        p = plan(args.model, mesh, args.prefill, model=model) if mesh.world > 1 else None
+        p = plan(args.model, mesh, args.prefill, model=model, combine=combine) if mesh.world > 1 else None
         predicted = 0.0 if p is None else sum(
             v["bytes"] * args.prefill for v in p["per_token"]["prefill"].values()) + sum(
             v["bytes"] * args.decode for v in p["per_token"]["decode"].values())
-        row = {"mesh": str(mesh), "ranks": mesh.world, "prefill_s": t["prefill"], "decode_s": t["decode"],
+        name = str(mesh) + (f" ({combine})" if combine != "auto" else "")
+        row = {"mesh": name, "ranks": mesh.world, "prefill_s": t["prefill"], "decode_s": t["decode"],
                "prefill_collective_share": coll[0] / t["prefill"], "decode_collective_share": coll[1] / t["decode"],
                "bytes_sent": sum(res[0]["sent"].values()), "bytes_planned": predicted,
                "collectives": res[0]["calls"], "ok": check["ok"],

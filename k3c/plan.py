@@ -70,7 +70,8 @@ def plan(name: str, mesh: Mesh | str, seq_len: int = 4096, *, dtype: str | None 
 def format_plan(p: dict) -> str:
     gb = 1e9
     r = p["ranks"][0]
-    lines = [f"{p['model']} on {p['mesh']['world']} ranks (tp={p['mesh']['tp']}, ep={p['mesh']['ep']}), "
+    vocab = ", vocabulary split" if p["mesh"].get("vocab") else ""
+    lines = [f"{p['model']} on {p['mesh']['world']} ranks (tp={p['mesh']['tp']}, ep={p['mesh']['ep']}{vocab}), "
              f"state at T = {p['seq_len']}",
              f"  per rank: weights {r['weight_bytes'] / gb:.2f} GB, state {r['state_bytes'] / gb:.3f} GB, "
              f"total {(r['weight_bytes'] + r['state_bytes']) / gb:.2f} GB (every rank the same)"]

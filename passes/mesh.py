@@ -8,6 +8,10 @@ across it, tensor-parallel inside each tp group); the routed experts of a MoE ar
 the ep group, each rank holding E / ep of them.
 
     mesh = Mesh.parse("tp=2,ep=2");  mesh.world == 4;  mesh.tp_group(3) == [2, 3]
+
+`vocab` (written "tp=2,vocab"): the vocabulary is split over the tp group too, the embedding
+by rows (each rank looks up the ids in its range, an all_reduce sums) and the lm_head by its
+output columns (an all_gather joins the logits); without it both are replicated.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from ..errors import UsageError
 class Mesh:
     tp: int = 1
     ep: int = 1
+    vocab: bool = False
 
     def __post_init__(self):
         for axis, n in (("tp", self.tp), ("ep", self.ep)):
@@ -29,19 +34,26 @@ class Mesh:
 
     @staticmethod
     def parse(text: str | Mesh) -> Mesh:
-        """"tp=2,ep=2" (either axis may be left out: it is 1)."""
+        """"tp=2,ep=2" (either axis may be left out: it is 1); ",vocab" splits the vocabulary."""
         if isinstance(text, Mesh):
             return text
         sizes: dict[str, int] = {}
+        vocab = False
         for part in str(text).replace(" ", "").split(","):
+            if part == "vocab":
+                vocab = True
+                continue
             name, eq, value = part.partition("=")
             if not eq or name not in ("tp", "ep") or not value.isdigit():
-                raise UsageError(f"mesh {text!r}: expected axes like 'tp=2,ep=2' (tp and ep, whole numbers), "
-                                 f"got {part!r}")
+                raise UsageError(f"mesh {text!r}: expected axes like 'tp=2,ep=2' (tp and ep, whole numbers, "
+                                 f"and optionally 'vocab'), got {part!r}")
             if name in sizes:
                 raise UsageError(f"mesh {text!r}: {name} is given twice")
             sizes[name] = int(value)
-        return Mesh(**sizes)
+        mesh = Mesh(**sizes, vocab=vocab)
+        if vocab and mesh.tp == 1:
+            raise UsageError(f"mesh {text!r}: 'vocab' splits the vocabulary over tp, and tp is 1")
+        return mesh
 
     @property
     def world(self) -> int:
@@ -68,10 +80,14 @@ class Mesh:
         return tp + ep
 
     def to_json(self) -> dict:
-        return {"tp": self.tp, "ep": self.ep, "world": self.world}
+        return {"tp": self.tp, "ep": self.ep, "world": self.world, "vocab": self.vocab}
+
+    @staticmethod
+    def from_json(d: dict) -> Mesh:
+        return Mesh(d["tp"], d["ep"], bool(d.get("vocab", False)))
 
     def __str__(self) -> str:
-        return f"tp={self.tp},ep={self.ep}"
+        return f"tp={self.tp},ep={self.ep}" + (",vocab" if self.vocab else "")
 
 
 def check_divides(mesh: Mesh, config) -> None:
@@ -86,6 +102,8 @@ def check_divides(mesh: Mesh, config) -> None:
                      config.moe_intermediate_size * config.num_shared_experts,
                  "routed-expert width (moe_intermediate_size)": config.moe_intermediate_size}
     bad = [f"tp={mesh.tp} does not divide the {n} {what}" for what, n in tp_widths.items() if n and n % mesh.tp]
+    if mesh.vocab and config.vocab_size % mesh.tp:
+        bad.append(f"tp={mesh.tp} does not divide the {config.vocab_size} vocabulary entries (vocab_size)")
     if config.num_experts % mesh.ep:
         bad.append(f"ep={mesh.ep} does not divide the {config.num_experts} routed experts (num_experts)")
     if bad:

@@ -19,7 +19,10 @@ whole; every pass and backend then sees an ordinary graph with `all_reduce` node
       norm and up-projection follow the sum. (That all-reduce is the reduce-scatter +
       all-gather form of the combine; passes/cost.py prices it against the all-to-all
       dispatch and combine, and `k3c plan` reports which moves fewer bytes.)
-    replicated: embedding, norms, routers, AttnRes, lm_head, the latent projections.
+    vocab (a mesh with "vocab"): the embedding by rows (ids outside the rank's range give
+      zeros, an all_reduce over tp sums), the lm_head by output columns + all_gather.
+    replicated: norms, routers, AttnRes, the latent projections (and without "vocab" the
+      embedding and the lm_head).
 
 Every name stays: a rank's weights and state carry the names of the one-process model, with
 the rank's shapes; k3c.distributed.state splits and reassembles states.
@@ -51,6 +54,35 @@ def _reduce(x: torch.Tensor, group: list[int]) -> torch.Tensor:
     if x.is_meta:  # meta tensors run only the op's fake: tell the communicator (k3c plan counts)
         current("all_reduce").all_reduce(x, list(group))
     return ops.all_reduce(x, list(group))
+
+
+def _gather(x: torch.Tensor, group: list[int], dim: int) -> torch.Tensor:
+    if x.is_meta:
+        current("all_gather").all_gather(x, list(group), dim)
+    return ops.all_gather(x, list(group), dim=dim % x.dim())
+
+
+class VocabEmbedding(nn.Embedding):
+    """Rows [lo, lo + n) of an embedding table: the ids in that range looked up here, the
+    others zero, summed over `group` (every id is in one rank's range)."""
+
+    group: list[int]
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        local = ids - self.vocab_lo  # a buffer: every rank's graph is one capture
+        below, above = local < 0, local > self.num_embeddings - 1
+        y = F.embedding(local.masked_fill(below, 0).masked_fill(above, 0), self.weight)
+        y = y.masked_fill(below.unsqueeze(-1), 0.0).masked_fill(above.unsqueeze(-1), 0.0)
+        return _reduce(y, self.group)
+
+
+class GatheredLinear(nn.Linear):
+    """A colwise shard of a Linear: its output columns, joined over `group`."""
+
+    group: list[int]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _gather(super().forward(x), self.group, -1)
 
 
 class ReducedLinear(nn.Linear):
@@ -177,6 +209,16 @@ def _mlp(mlp: GatedMLP, t: int, tp: int, group: list[int]) -> None:
     mlp.__class__, mlp.group = ReducedMLP, list(group)
 
 
+def _vocab(model: nn.Module, t: int, tp: int, group: list[int]) -> None:
+    emb, head = model.model.embed_tokens, model.lm_head
+    n = emb.num_embeddings // tp
+    _slice(emb, "weight", t * n, (t + 1) * n)
+    emb.num_embeddings, emb.__class__, emb.group = n, VocabEmbedding, list(group)
+    emb.register_buffer("vocab_lo", torch.tensor(t * n, dtype=torch.int64, device=emb.weight.device))
+    _colwise(head, t * n, (t + 1) * n)
+    head.__class__, head.group = GatheredLinear, list(group)
+
+
 def _kda(m: KDAMixer, t: int, tp: int, group: list[int]) -> None:
     H = m.H // tp
     lo, hi = t * H * m.K, (t + 1) * H * m.K
@@ -282,6 +324,8 @@ def partition(model: nn.Module, mesh: Mesh | str, rank: int, combine: str = "aut
             moe = layer.block_sparse_moe
             how = choose_combine(moe, mesh)["chosen"] if combine == "auto" else combine
             _moe(moe, mesh, e, t, how if mesh.ep > 1 else "all_reduce")  # one ep member: nothing to exchange
+    if mesh.vocab:
+        _vocab(part, t, mesh.tp, group)
     part.mesh, part.rank = mesh, rank
     # the rank's state spec, so decode checks a shard against the shard's shapes (found by
     # running the rank's model it would need the other ranks)

@@ -106,7 +106,8 @@ def diff_mesh(model: torch.nn.Module, backends: list[str], mesh: Mesh | str, *, 
 
 def format_report(report: dict) -> str:
     c = report.get("combine")
-    how = f", routed experts combined by {c['run']}" if c else ""
+    how = (", vocabulary split" if report["mesh"].get("vocab") else "") + \
+        (f", routed experts combined by {c['run']}" if c else "")
     lines = [f"{report['model']} on tp={report['mesh']['tp']}, ep={report['mesh']['ep']} "
              f"({report['mesh']['world']} ranks{how}) vs the one-process eager model"]
     for b, v in report["backends"].items():

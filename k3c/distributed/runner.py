@@ -134,7 +134,7 @@ class RankModel:
 
     def __init__(self, mesh_dir: str | Path, rank: int, backend_options: dict | None = None, lock=None):
         self.manifest = m = read_manifest(mesh_dir)
-        self.mesh = Mesh(m["mesh"]["tp"], m["mesh"]["ep"])
+        self.mesh = Mesh.from_json(m["mesh"])
         if not 0 <= rank < self.mesh.world:
             raise ArtifactError(f"{mesh_dir} is a mesh of {self.mesh.world} ranks; there is no rank {rank}")
         self.rank, info = rank, m["ranks"][rank]

@@ -141,7 +141,7 @@ def test_plan_release_bytes():
     from k3c.models.weight_bytes import weight_bytes
 
     p = plan("kimi-linear", "tp=4,ep=8", 64)
-    assert len(p["ranks"]) == 32 and p["mesh"] == {"tp": 4, "ep": 8, "world": 32}
+    assert len(p["ranks"]) == 32 and p["mesh"] == {"tp": 4, "ep": 8, "world": 32, "vocab": False}
     total = weight_bytes(models.build("kimi-linear", dtype=torch.bfloat16))["total"]
     assert total / 32 < p["ranks"][0]["weight_bytes"] < total / 4
     cfg = models.build("kimi-linear").config

@@ -11,7 +11,7 @@ import argparse
 import sys
 
 from . import cli_checks as checks
-from . import cli_module
+from . import cli_mesh, cli_module
 from .errors import UsageError
 
 UserError = UsageError  # an error in what the user asked for: printed as one line, exit status 2
@@ -23,18 +23,8 @@ def _cmd_stats(args: argparse.Namespace) -> int:
     stats = model_stats(args.model, seq_len=args.seq_len)
     print(format_stats(stats))
     if args.json:
-        _write_json(args.json, stats)
+        checks.write_json(args.json, stats)
     return 0
-
-
-def _write_json(path: str, data: dict) -> None:
-    import json
-
-    try:
-        with open(path, "w") as f:
-            json.dump(data, f, indent=2)
-    except OSError as err:
-        raise UserError(f"--json {path}: cannot write ({err.strerror})") from None
 
 
 def _cmd_ops(args: argparse.Namespace) -> int:
@@ -120,7 +110,7 @@ def _cmd_diff(args: argparse.Namespace) -> int:
         check(args.stress)
     model = _build(models, args)
     if args.mesh:
-        return _diff_mesh(args, model, specs)
+        return cli_mesh.diff_mesh(args, model, specs)
     report = diff(model, specs, seq_len=args.seq_len, batch=args.batch,
                   decode_steps=args.decode_steps, passes=args.pipeline, out_root=args.out,
                   bisect=not args.no_bisect, progress=lambda m: print(m, file=sys.stderr), stress=args.stress,
@@ -132,33 +122,6 @@ def _cmd_diff(args: argparse.Namespace) -> int:
     if args.json:
         write_json(report, args.json)
     return 0 if report.ok else 1
-
-
-def _diff_mesh(args: argparse.Namespace, model, specs) -> int:
-    from .distributed.diff import diff_mesh, format_report
-
-    report = diff_mesh(model, specs, args.mesh, seq_len=args.seq_len, batch=args.batch,
-                       decode_steps=args.decode_steps, out_root=args.out, combine=args.combine)
-    print(format_report(report))
-    if args.json:
-        _write_json(args.json, report)
-    return 0 if report["ok"] else 1
-
-
-def _combine_arg(s: argparse.ArgumentParser) -> None:
-    s.add_argument("--combine", choices=("auto", "all_reduce", "all_to_all"), default="auto",
-                   help="how a mesh combines the routed experts' outputs: an all-reduce over the world, the "
-                        "all-to-all dispatch and combine over the ep group, or (auto) the one that sends fewer bytes")
-
-
-def _cmd_plan(args: argparse.Namespace) -> int:
-    from .plan import format_plan, plan
-
-    report = plan(args.model, args.mesh, args.seq_len, combine=args.combine)
-    print(format_plan(report))
-    if args.json:
-        _write_json(args.json, report)
-    return 0
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
@@ -338,7 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--no-bisect", action="store_true", help="do not look for the first differing node")
     s.add_argument("-v", "--verbose", action="store_true", help="one row per output and state tensor")
     s.add_argument("--mesh", help="tp=N,ep=M: compile one artifact per rank, spawn the ranks (gloo on CPU)")
-    _combine_arg(s)
+    cli_mesh.add_combine(s)
     _precision_args(s)
     s.set_defaults(func=_cmd_diff)
 
@@ -347,8 +310,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--mesh", required=True, help="tp=N,ep=M")
     s.add_argument("--seq-len", type=checks.count(1), default=4096)
     s.add_argument("--json", help="write the plan as JSON to this file")
-    _combine_arg(s)
-    s.set_defaults(func=_cmd_plan)
+    cli_mesh.add_combine(s)
+    s.set_defaults(func=cli_mesh.cmd_plan)
 
     s = sub.add_parser("bench", help="time prefill and decode: eager, torch.compile and backends")
     s.add_argument("--model", required=True)

@@ -100,3 +100,13 @@ def out_root(path: str | None, specs: list[str], model: str, force: bool) -> Non
         name, _, variant = spec.partition(":")
         variant = variant or ("portable" if name == "onnx" else "llvm" if name == "tvm" else None)
         artifact.check_target(root / spec.replace(":", "-"), backend=name, model=model, variant=variant, force=force)
+
+
+def write_json(path: str, data: dict) -> None:
+    import json
+
+    try:
+        with open(path, "w") as f:
+            json.dump(data, f, indent=2)
+    except OSError as err:
+        raise UsageError(f"--json {path}: cannot write ({err.strerror})") from None

@@ -155,25 +155,66 @@ def _module_spec(args: tuple, names: list[str], dynamic: bool, dynamic_shapes, d
     return D.default_spec(args, max_t), "the default"
 
 
+def _second_guess(err, wrapper, model, examples: tuple, spec, how: str, names: list[str]):
+    """The default's T on every `[B, T, ...]` input of T's size failed: T only where an
+    input's trailing sizes agree with the first such input's (another input's size may equal
+    T's by chance: a head count); the graph's meta["dynamic"] says what was taken.
+    Named dims, or a second guess that fails too, are an InputError with the dims= to write."""
+    max_t = _length_bounds(model)[0]
+    once = D.default_spec(examples, max_t, t_alike=True)
+    axes = lambda sp: [sorted(e) if isinstance(e, dict) else None for e in sp]  # noqa: E731
+    if how == "the default" and axes(once) != axes(spec):
+        args = _widen_examples(examples, once, apart=True)
+        try:
+            ep = export(wrapper, args, once, specialise=False)
+            return ep, once, "the default", args
+        except CaptureError as e:
+            if not D.is_dim_error(e, named=True):
+                raise
+            err, spec = e, once
+    raise D.refuse(err, spec, names, examples, how, type(model).__name__, once) from None
+
+
 def _flat_spec(spec) -> list:
     """The per-tensor {axis: Dim} dicts of a dynamic_shapes spec, in argument order."""
     return pytree.tree_flatten(spec, is_leaf=lambda x: isinstance(x, dict) and all(isinstance(k, int) for k in x))[0]
 
 
-def _widen_examples(args: tuple, spec) -> tuple:
-    """torch.export specialises a dim whose example size is 0 or 1: repeat such examples to 2."""
+def _widen_examples(args: tuple, spec, apart: bool = False) -> tuple:
+    """torch.export specialises a dim whose example size is 0 or 1: each dynamic dim's
+    examples are repeated along it to a size >= 2. `apart` (the default guess, whose dims
+    come from sizes): also to a size no static axis and no other dim has, since torch may tie
+    a dim to a static size its example happens to equal (T = 2 beside H = 2). Named dims keep
+    the user's sizes, so a refusal names them as given."""
     if spec is None:
         return args
     flat_args, tree = pytree.tree_flatten(args)
     flat_spec = _flat_spec(spec)
+    sizes: dict[str, int] = {}
+    static: set[int] = set()
+    for a, dims in zip(flat_args, flat_spec):
+        if isinstance(a, torch.Tensor):
+            named = dims if isinstance(dims, dict) else {}
+            static.update(int(n) for axis, n in enumerate(a.shape) if axis not in named)
+            for axis, d in named.items():
+                sizes.setdefault(getattr(d, "__name__", str(d)), int(a.shape[axis]))
+    target: dict[str, int] = {}
+    for name, n in sizes.items():
+        taken = static | {v for k, v in target.items()} | {v for k, v in sizes.items() if k != name}
+        if n >= 2 and (n not in static or not apart):
+            target[name] = n
+            continue
+        m = max(n, 2)
+        while apart and m in taken:
+            m += 1
+        target[name] = m
     out = []
     for a, dims in zip(flat_args, flat_spec):
         if isinstance(a, torch.Tensor) and isinstance(dims, dict):
-            for axis in dims:
-                if a.shape[axis] < 2:
-                    reps = [1] * a.dim()
-                    reps[axis] = 2 if a.shape[axis] == 1 else 0
-                    a = a.repeat(*reps) if a.shape[axis] == 1 else a
+            for axis, d in dims.items():
+                want = target[getattr(d, "__name__", str(d))]
+                if a.shape[axis] not in (0, want):
+                    a = a.index_select(axis, torch.arange(want) % a.shape[axis])
         out.append(a)
     return pytree.tree_unflatten(out, tree)
 
@@ -232,15 +273,15 @@ def capture(model: torch.nn.Module, example_inputs: tuple, dynamic: bool = True,
     else:
         spec = _serving_spec(model, entry, args, dynamic, max_context) if serving else \
             _dynamic_spec(model, entry, args, dynamic)
-    examples, args = args, _widen_examples(args, spec)
+    examples, args = args, _widen_examples(args, spec, apart=how == "the default")
     t0 = time.perf_counter()
     try:  # a dim named or guessed is not narrowed to a constant behind the user's back
         ep = export(wrapper, args, spec, specialise=how not in ("dims=", "the default"))
     except CaptureError as e:
-        if how in ("dims=", "the default") and D.is_dim_error(e, named=how == "dims="):
-            raise D.refuse(e, spec, arg_names, examples, how, type(model).__name__,
-                           D.default_spec(examples, _length_bounds(model)[0])) from None
-        raise
+        if how in ("dims=", "the default") and D.is_dim_error(e, named=True):
+            ep, spec, how, args = _second_guess(e, wrapper, model, examples, spec, how, arg_names)
+        else:
+            raise
     unknown = _unknown_ops(ep)
     if unknown:
         ep = ep.run_decompositions(_decompositions())

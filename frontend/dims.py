@@ -108,9 +108,12 @@ def by_position(dynamic_shapes, names: list[str]):
     return tuple(dynamic_shapes)
 
 
-def default_spec(args: tuple, max_t: int | None = None) -> tuple:
+def default_spec(args: tuple, max_t: int | None = None, t_alike: bool = False) -> tuple:
     """The default of a module's forward: B at dim 0, T at dim 1 of `[B, T, ...]` tensors, each
-    only where the example has the size the first such input has (module docstring)."""
+    only where the example has the size the first such input has (module docstring).
+    `t_alike`: T only on those whose sizes after dim 0 agree with the first such input's as
+    far as both go (the second guess, when a size of another input only happens to equal T's:
+    a state [B, H, K, V] beside q [B, T, H, K] at T == H)."""
     tensors = [a for a in args if isinstance(a, torch.Tensor) and a.dim() >= 1]
     if not tensors:
         return tuple(None for _ in args)
@@ -124,10 +127,16 @@ def default_spec(args: tuple, max_t: int | None = None) -> tuple:
         d = {}
         if isinstance(a, torch.Tensor) and a.dim() >= 1 and a.shape[0] == b_size:
             d[0] = B
-        if isinstance(a, torch.Tensor) and any(a is s for s in seq) and a.shape[1] == t_size:
+        if isinstance(a, torch.Tensor) and any(a is s for s in seq) and a.shape[1] == t_size \
+                and (not t_alike or _alike(a.shape[1:], seq[0].shape[1:])):
             d[1] = T
         spec.append(d or None)
     return tuple(spec)
+
+
+def _alike(a, b) -> bool:
+    n = min(len(a), len(b))
+    return tuple(a[:n]) == tuple(b[:n])
 
 
 def short_form(spec_entry: dict | None, rank: int) -> str:

@@ -127,13 +127,31 @@ def test_a_wrong_naming_is_one_clear_line(dims, words):
         assert w in msg, (w, msg)
 
 
+def test_a_size_that_equals_t_by_chance_does_not_fix_t():
+    """At T == H the default's first guess takes the state's dim 1 for T too, which the module
+    fixes at H; the second puts T on the first `[B, T, ...]` input only, and says so."""
+    g = k3c.capture(KDACall(), kda_inputs(1, H))
+    assert g.meta["dynamic"] == {"q": "B T _ _", "k": "B T _ _", "v": "B T _ _", "g": "B T _ _",
+                                 "beta": "B T _", "state": "B _ _ _"}
+    x = kda_inputs(2, 5, seed=3)
+    want = KDACall()(*x)
+    for got, ref in zip(k3c.ir.interpret(g, *x), want):
+        assert_close(got, ref, "fp32")
+
+
+class FixedLength(torch.nn.Module):
+    """Flattens T into the features: T is fixed by the module, whatever is guessed."""
+
+    def forward(self, x):
+        return x.reshape(x.shape[0], 32).sum(-1)
+
+
 def test_a_default_guess_torch_refuses_says_which_dim_and_what_to_write():
-    """At T == H the default takes the state's dim 1 for T too; the module fixes it at H."""
     with pytest.raises(InputError) as e:
-        k3c.capture(KDACall(), kda_inputs(1, H))
+        k3c.capture(FixedLength(), (torch.randn(2, 4, 8),))
     msg = str(e.value)
-    assert "\n" not in msg and "the default took T = dim 1" in msg and "'state'" in msg
-    assert f"fixes T at {H}" in msg and "dims={'q': 'B _ _ _'" in msg
+    assert "\n" not in msg and "the default took T = dim 1 (size 4) of input 'x'" in msg
+    assert "dims={'x': 'B _ _'}" in msg
 
 
 def test_a_zoo_model_refuses_dims():

@@ -29,10 +29,12 @@ GROUP = 8  # keys scored together: 8 independent FMA chains (4 left the FMA unit
 NEG = -3.0e38
 
 
-def latent_split_blocked(H: int, Dc: int, Dr: int, N: int, scale: float, S: int) -> tirx.PrimFunc:
+def latent_split_blocked(H: int, Dc: int, Dr: int, N: int, scale: float, S: int, keys: int = KEYS,
+                         group: int = GROUP) -> tirx.PrimFunc:
     """q [B, L, H, Dc + Dr], ckv [B, N, Dc], krope [B, N, Dr], positions [B]
-    -> acc [B, L, S, H, Dc], stats [B, L, S, H, 2]: as `latent_split`, for llvm."""
-    Dk, KB, G = Dc + Dr, KEYS, GROUP
+    -> acc [B, L, S, H, Dc], stats [B, L, S, H, 2]: as `latent_split`, for llvm; `keys` rows a
+    block, `group` keys scored together (32 and 8 ran fastest of 32/64/128 x 8/16 at 64k rows)."""
+    Dk, KB, G = Dc + Dr, keys, group
     assert KB % G == 0, "a block holds whole groups of keys"
     Sc, Nc = T.int64(S), T.int64(N)
 

@@ -4,7 +4,7 @@ side by side in one process: which of its CPU kernels can run it, and how fast.
     python benchmarks/bench_ort_cached_mla.py                    # k3-small's layer: H = 8, Dc = 128, Dr = 32
     python benchmarks/bench_ort_cached_mla.py --capacity 1088 --repeat 20
 
-The cache holds P = N - 64 valid rows (the rest zero), one query token, B = 1. Forms:
+The cache holds P = N - 64 valid rows (`--valid P`; the rest zero), one query token, B = 1. Forms:
 - decomposition: what k3c's ort flavour runs (ir/ops/cache.py `_absorbed_decompose`): the scores
   as cache @ queries (two MLAS GEMMs, ckv and krope), the mask over N, Softmax, weights @ ckv;
 - Attention-23: standard Attention, one KV head of [ckv | krope] (a Concat: a copy of the
@@ -50,10 +50,11 @@ def main() -> None:
     ap.add_argument("--heads", type=int, default=8)
     ap.add_argument("--latent", type=int, default=128)
     ap.add_argument("--rope", type=int, default=32)
+    ap.add_argument("--valid", type=int, help="rows the sequence holds, P (default N - 64)")
     ap.add_argument("--repeat", type=int, default=7)
     args = ap.parse_args()
     N, H, Dc, Dr = args.capacity, args.heads, args.latent, args.rope
-    Dk, P, scale = Dc + Dr, N - 64, 0.1
+    Dk, P, scale = Dc + Dr, N - 64 if args.valid is None else args.valid, 0.1
     rng = np.random.default_rng(0)
     q = rng.standard_normal((1, H, 1, Dk), dtype=np.float32)
     ckv = rng.standard_normal((1, N, Dc), dtype=np.float32)

@@ -3,6 +3,7 @@ last-token vs all-logits prefill, and `k3c generate` against eager generation.
 
     python benchmarks/bench_serving.py                          # k3-small, P = 1024, 16384, 65536
     python benchmarks/bench_serving.py --model k3-tiny --contexts 256,1024 --json out.json
+    python benchmarks/bench_serving.py --decode-only --steps 4 --repeat 2      # the decode rows alone
 
 Decode: each backend's artifact with fixed caches of capacity N (onnx: one artifact a context,
 N = P + 64, because its masked attention spans the capacity; tvm: one artifact of the largest
@@ -80,6 +81,7 @@ def main() -> None:
     ap.add_argument("--prefill", type=int, default=1024)
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--decode-only", action="store_true", help="the decode rows alone (no prefill, no generate)")
     ap.add_argument("--json")
     args = ap.parse_args()
     model = k3c.models.build(args.model).eval()
@@ -99,6 +101,8 @@ def main() -> None:
             dict.fromkeys(contexts, artifact(be, max(contexts) + 64))
         report["decode_ms"][be] = {P: decode_step_ms(arts[P], model, P, args.steps, args.repeat) for P in contexts}
         print(be, "decode ms", report["decode_ms"][be], flush=True)
+        if args.decode_only:
+            continue
         # the smallest artifact that holds the prompt serves the prefill and generation rows
         pre = next((arts[P] for P in contexts if P + 64 >= args.prefill), None) or artifact(be, args.prefill)
         ids = torch.randint(0, model.config.vocab_size, (1, args.prefill))

@@ -51,6 +51,10 @@ class MLAMixer(nn.Module):
             q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
         q = q.view(B, T, H, self.nope + self.rope)
         ckv, krope = self.kv_a_proj_with_mqa(x).split([self.kv_lora_rank, self.rope], dim=-1)
+        # the split is a view into the projection's rows ([B, T, kv_lora + rope] strides): a prefill
+        # would hand it back as the state, unlike a decode step's cat, and torch.compile guards on
+        # the strides (one recompile of decode). The capture reads contiguous() as the identity.
+        krope = krope.contiguous()
         ckv = self.kv_a_layernorm(ckv)
         w = self.kv_b_proj.weight
         if state is not None and seq is not None and seq.positions is not None:  # fixed-capacity caches

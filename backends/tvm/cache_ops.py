@@ -5,7 +5,8 @@ k3c.kernels.cache.tvm.
   caller passed, and the op's output aliases it, so a decode step moves one row a
   sequence, not the cache. Taken only where the old cache has no other reader.
 - `mla_attention_absorbed_cached` (what fold-latent-moe makes of a decode step over a fixed
-  cache) attends in the latent space reading each valid row once, split over key ranges.
+  cache) attends in the latent space reading each valid row once, split over key ranges;
+  on llvm each split scores blocks of keys in vectors (kernels/cache/tvm_blocked.py).
 `causal_attention_cached` and the expanded `mla_attention_cached` run their decompositions.
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 from tvm import relax
 
 from ...kernels.cache import tvm as K
+from ...kernels.cache.tvm_blocked import latent_split_blocked
 from ..tables import builtin
 from .context import LowerContext
 from .dims import static_int
@@ -62,8 +64,12 @@ def _absorbed_cached(ctx: LowerContext, node, q, ckv, krope, w_uk, w_uv, positio
     q_heads = R.permute_dims(R.reshape(q_nope, relax.ShapeExpr([rows, H, Dn])), [1, 0, 2])  # [H, BL, Dn]
     q_lat = R.permute_dims(R.matmul(q_heads, w_uk), [1, 0, 2])  # [BL, H, Dc]
     q_abs = ctx.bb.emit(R.concat([R.reshape(q_lat, relax.ShapeExpr([B, L, H, Dc])), q_rope], axis=3))
-    split = ctx.kernel(("latent_split", H, Dc, Dr, N, scale), lambda: K.latent_split(H, Dc, Dr, N, scale, ctx.target),
-                       K.SPLIT_SCHEDULES)
+    if ctx.target == "llvm":  # blocks of keys in vectors, written out for the CPU (no schedule)
+        split = ctx.kernel(("latent_split_blocked", H, Dc, Dr, N, scale),
+                           lambda: latent_split_blocked(H, Dc, Dr, N, scale, K.SPLITS))
+    else:
+        split = ctx.kernel(("latent_split", H, Dc, Dr, N, scale),
+                           lambda: K.latent_split(H, Dc, Dr, N, scale, ctx.target), K.SPLIT_SCHEDULES)
     merge = ctx.kernel(("latent_merge", H, Dc), lambda: K.latent_merge(H, Dc, ctx.target), K.MERGE_SCHEDULES)
     S = K.SPLITS
     parts = [relax.TensorType([B, L, S, H, Dc], "float32"), relax.TensorType([B, L, S, H, 2], "float32")]

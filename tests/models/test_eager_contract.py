@@ -87,3 +87,15 @@ def test_gpt2_refuses_positions_past_its_table():
     one_short = {k: v[:, :511] for k, v in full.items()}
     logits, state = model.decode(torch.zeros(1, 1, dtype=torch.long), one_short)
     assert state["layers.0.k"].shape[1] == 512 and torch.isfinite(logits).all()
+
+
+@pytest.mark.parametrize("name", ["kimi-linear-tiny", "k3-tiny"])
+def test_prefill_and_decode_hand_back_states_of_one_layout(prefilled, name):
+    """A prefill's state has the strides a decode step's has (contiguous): a state that was a view
+    (MLA's krope, split from the projection's rows) made torch.compile recompile decode on the
+    stride guard between its first and second step."""
+    model, ids, state = prefilled(name)
+    _, stepped = model.decode(ids[:, :1], state)
+    for k, v in state.items():
+        assert v.is_contiguous(), f"{name}: prefill state {k!r} is a view of strides {v.stride()}"
+        assert stepped[k].is_contiguous(), f"{name}: decode state {k!r} has strides {stepped[k].stride()}"

@@ -250,10 +250,10 @@ def prefill(W, input_ids):
     view_38 = linear_40.reshape((B, T, 4, 48))  # models/mla_layer.py:52
     split_with_sizes_0, split_with_sizes_1 = torch.split(linear_39_merged_1, [32, 16], dim=2)  # models/mla_layer.py:53
     rms_norm_13 = rms_norm(split_with_sizes_0, W['model.layers.3.self_attn.kv_a_layernorm.weight'], 1e-06)  # models/common.py:34
-    mla_attention_ = mla_attention(view_38, rms_norm_13, split_with_sizes_1, W['model.layers.3.self_attn.kv_b_proj.weight'], 32, 0.14433756729740643)  # models/mla_layer.py:66
-    reshape_5 = mla_attention_.reshape((B, T, 128))  # models/mla_layer.py:69
-    mul_39 = rt.elementwise(ew5, (B, T, 128), torch.float32, linear_39_merged_2, reshape_5)  # models/mla_layer.py:71
-    linear_43 = F.linear(mul_39, W['model.layers.3.self_attn.o_proj.weight'])  # models/mla_layer.py:72
+    mla_attention_ = mla_attention(view_38, rms_norm_13, split_with_sizes_1, W['model.layers.3.self_attn.kv_b_proj.weight'], 32, 0.14433756729740643)  # models/mla_layer.py:70
+    reshape_5 = mla_attention_.reshape((B, T, 128))  # models/mla_layer.py:73
+    mul_41 = rt.elementwise(ew5, (B, T, 128), torch.float32, linear_39_merged_2, reshape_5)  # models/mla_layer.py:75
+    linear_43 = F.linear(mul_41, W['model.layers.3.self_attn.o_proj.weight'])  # models/mla_layer.py:76
     stack_6 = torch.stack([embedding, add_19, linear_43], dim=0)
     attn_res_mix_6 = attn_res_mix(stack_6, W['model.layers.3.mlp_res_proj.weight.reshape'], W['model.layers.3.mlp_res_norm.weight'], 1e-05)
     rms_norm_14 = rms_norm(attn_res_mix_6, W['model.layers.3.post_attention_layernorm.weight'], 1e-05)  # models/common.py:34
@@ -283,20 +283,20 @@ def prefill(W, input_ids):
     short_conv_10_0, short_conv_10_1 = short_conv(linear_50_merged_1, W['model.layers.4.self_attn.k_conv1d.weight.reshape'], new_zeros, 'silu')  # models/kda_layer.py:37
     short_conv_11_0, short_conv_11_1 = short_conv(linear_50_merged_2, W['model.layers.4.self_attn.v_conv1d.weight.reshape'], new_zeros, 'silu')  # models/kda_layer.py:37
     view_45 = short_conv_9_0.reshape((B, T, 4, 32))  # models/kda_layer.py:86
-    mul_50 = l2norm(view_45, 1e-06)  # models/kda_layer.py:86
+    mul_52 = l2norm(view_45, 1e-06)  # models/kda_layer.py:86
     view_46 = short_conv_10_0.reshape((B, T, 4, 32))  # models/kda_layer.py:86
-    mul_51 = l2norm(view_46, 1e-06)  # models/kda_layer.py:86
+    mul_53 = l2norm(view_46, 1e-06)  # models/kda_layer.py:86
     view_47 = short_conv_11_0.reshape((B, T, 4, 32))  # models/kda_layer.py:87
     linear_54 = F.linear(linear_50_merged_3, W['model.layers.4.self_attn.f_b_proj.weight'])  # models/kda_layer.py:88
     view_48 = linear_54.reshape((B, T, 4, 32))  # models/kda_layer.py:88
-    mul_53 = rt.broadcast(ew0, (B, T, 4, 32), torch.float32, view_48, W['model.layers.4.self_attn.dt_bias.reshape'], W['model.layers.4.self_attn.A_log.exp.reshape'])  # models/kda_layer.py:92
+    mul_55 = rt.broadcast(ew0, (B, T, 4, 32), torch.float32, view_48, W['model.layers.4.self_attn.dt_bias.reshape'], W['model.layers.4.self_attn.A_log.exp.reshape'])  # models/kda_layer.py:92
     sigmoid_21 = rt.elementwise(ew1, (B, T, 4), torch.float32, linear_50_merged_4)  # models/kda_layer.py:93
-    kda_3_q_decayed, kda_3_k_decayed, kda_3_w, kda_3_u, kda_3_aqk, kda_3_decay_last = chunk_prepare(mul_50, mul_51, view_47, sigmoid_21, mul_53, 64, 'channel')  # (a)  # models/kda_layer.py:99
+    kda_3_q_decayed, kda_3_k_decayed, kda_3_w, kda_3_u, kda_3_aqk, kda_3_decay_last = chunk_prepare(mul_52, mul_53, view_47, sigmoid_21, mul_55, 64, 'channel')  # (a)  # models/kda_layer.py:99
     kda_3_v_new, kda_3_start_states, kda_3_state_out = chunk_state_scan(kda_3_w, kda_3_u, kda_3_k_decayed, kda_3_decay_last, new_zeros_3)  # (b)  # models/kda_layer.py:99
     kda_3_o = chunk_output(kda_3_q_decayed, kda_3_aqk, kda_3_v_new, kda_3_start_states, 0.1767766952966369, T)  # (c)  # models/kda_layer.py:99
     view_51 = linear_50_merged_5.reshape((B, T, 4, 32))  # models/kda_layer.py:101
-    mul_54 = gated_rmsnorm(kda_3_o, W['model.layers.4.self_attn.o_norm.weight'], view_51, 1e-05)  # models/kda_layer.py:101
-    reshape_7 = mul_54.reshape((B, T, 128))  # models/kda_layer.py:102
+    mul_56 = gated_rmsnorm(kda_3_o, W['model.layers.4.self_attn.o_norm.weight'], view_51, 1e-05)  # models/kda_layer.py:101
+    reshape_7 = mul_56.reshape((B, T, 128))  # models/kda_layer.py:102
     linear_57 = F.linear(reshape_7, W['model.layers.4.self_attn.o_proj.weight'])  # models/kda_layer.py:102
     add_27 = rt.elementwise(ew2, (B, T, 256), torch.float32, add_23, linear_57)
     stack_8 = torch.stack([embedding, add_19, add_27], dim=0)
@@ -328,20 +328,20 @@ def prefill(W, input_ids):
     short_conv_13_0, short_conv_13_1 = short_conv(linear_64_merged_1, W['model.layers.5.self_attn.k_conv1d.weight.reshape'], new_zeros, 'silu')  # models/kda_layer.py:37
     short_conv_14_0, short_conv_14_1 = short_conv(linear_64_merged_2, W['model.layers.5.self_attn.v_conv1d.weight.reshape'], new_zeros, 'silu')  # models/kda_layer.py:37
     view_58 = short_conv_12_0.reshape((B, T, 4, 32))  # models/kda_layer.py:86
-    mul_65 = l2norm(view_58, 1e-06)  # models/kda_layer.py:86
+    mul_67 = l2norm(view_58, 1e-06)  # models/kda_layer.py:86
     view_59 = short_conv_13_0.reshape((B, T, 4, 32))  # models/kda_layer.py:86
-    mul_66 = l2norm(view_59, 1e-06)  # models/kda_layer.py:86
+    mul_68 = l2norm(view_59, 1e-06)  # models/kda_layer.py:86
     view_60 = short_conv_14_0.reshape((B, T, 4, 32))  # models/kda_layer.py:87
     linear_68 = F.linear(linear_64_merged_3, W['model.layers.5.self_attn.f_b_proj.weight'])  # models/kda_layer.py:88
     view_61 = linear_68.reshape((B, T, 4, 32))  # models/kda_layer.py:88
-    mul_68 = rt.broadcast(ew0, (B, T, 4, 32), torch.float32, view_61, W['model.layers.5.self_attn.dt_bias.reshape'], W['model.layers.5.self_attn.A_log.exp.reshape'])  # models/kda_layer.py:92
+    mul_70 = rt.broadcast(ew0, (B, T, 4, 32), torch.float32, view_61, W['model.layers.5.self_attn.dt_bias.reshape'], W['model.layers.5.self_attn.A_log.exp.reshape'])  # models/kda_layer.py:92
     sigmoid_27 = rt.elementwise(ew1, (B, T, 4), torch.float32, linear_64_merged_4)  # models/kda_layer.py:93
-    kda_4_q_decayed, kda_4_k_decayed, kda_4_w, kda_4_u, kda_4_aqk, kda_4_decay_last = chunk_prepare(mul_65, mul_66, view_60, sigmoid_27, mul_68, 64, 'channel')  # (a)  # models/kda_layer.py:99
+    kda_4_q_decayed, kda_4_k_decayed, kda_4_w, kda_4_u, kda_4_aqk, kda_4_decay_last = chunk_prepare(mul_67, mul_68, view_60, sigmoid_27, mul_70, 64, 'channel')  # (a)  # models/kda_layer.py:99
     kda_4_v_new, kda_4_start_states, kda_4_state_out = chunk_state_scan(kda_4_w, kda_4_u, kda_4_k_decayed, kda_4_decay_last, new_zeros_3)  # (b)  # models/kda_layer.py:99
     kda_4_o = chunk_output(kda_4_q_decayed, kda_4_aqk, kda_4_v_new, kda_4_start_states, 0.1767766952966369, T)  # (c)  # models/kda_layer.py:99
     view_64 = linear_64_merged_5.reshape((B, T, 4, 32))  # models/kda_layer.py:101
-    mul_69 = gated_rmsnorm(kda_4_o, W['model.layers.5.self_attn.o_norm.weight'], view_64, 1e-05)  # models/kda_layer.py:101
-    reshape_9 = mul_69.reshape((B, T, 128))  # models/kda_layer.py:102
+    mul_71 = gated_rmsnorm(kda_4_o, W['model.layers.5.self_attn.o_norm.weight'], view_64, 1e-05)  # models/kda_layer.py:101
+    reshape_9 = mul_71.reshape((B, T, 128))  # models/kda_layer.py:102
     linear_71 = F.linear(reshape_9, W['model.layers.5.self_attn.o_proj.weight'])  # models/kda_layer.py:102
     add_35 = rt.elementwise(ew2, (B, T, 256), torch.float32, add_31, linear_71)
     stack_10 = torch.stack([embedding, add_19, add_35], dim=0)
@@ -373,20 +373,20 @@ def prefill(W, input_ids):
     short_conv_16_0, short_conv_16_1 = short_conv(linear_78_merged_1, W['model.layers.6.self_attn.k_conv1d.weight.reshape'], new_zeros, 'silu')  # models/kda_layer.py:37
     short_conv_17_0, short_conv_17_1 = short_conv(linear_78_merged_2, W['model.layers.6.self_attn.v_conv1d.weight.reshape'], new_zeros, 'silu')  # models/kda_layer.py:37
     view_71 = short_conv_15_0.reshape((B, T, 4, 32))  # models/kda_layer.py:86
-    mul_80 = l2norm(view_71, 1e-06)  # models/kda_layer.py:86
+    mul_82 = l2norm(view_71, 1e-06)  # models/kda_layer.py:86
     view_72 = short_conv_16_0.reshape((B, T, 4, 32))  # models/kda_layer.py:86
-    mul_81 = l2norm(view_72, 1e-06)  # models/kda_layer.py:86
+    mul_83 = l2norm(view_72, 1e-06)  # models/kda_layer.py:86
     view_73 = short_conv_17_0.reshape((B, T, 4, 32))  # models/kda_layer.py:87
     linear_82 = F.linear(linear_78_merged_3, W['model.layers.6.self_attn.f_b_proj.weight'])  # models/kda_layer.py:88
     view_74 = linear_82.reshape((B, T, 4, 32))  # models/kda_layer.py:88
-    mul_83 = rt.broadcast(ew0, (B, T, 4, 32), torch.float32, view_74, W['model.layers.6.self_attn.dt_bias.reshape'], W['model.layers.6.self_attn.A_log.exp.reshape'])  # models/kda_layer.py:92
+    mul_85 = rt.broadcast(ew0, (B, T, 4, 32), torch.float32, view_74, W['model.layers.6.self_attn.dt_bias.reshape'], W['model.layers.6.self_attn.A_log.exp.reshape'])  # models/kda_layer.py:92
     sigmoid_33 = rt.elementwise(ew1, (B, T, 4), torch.float32, linear_78_merged_4)  # models/kda_layer.py:93
-    kda_5_q_decayed, kda_5_k_decayed, kda_5_w, kda_5_u, kda_5_aqk, kda_5_decay_last = chunk_prepare(mul_80, mul_81, view_73, sigmoid_33, mul_83, 64, 'channel')  # (a)  # models/kda_layer.py:99
+    kda_5_q_decayed, kda_5_k_decayed, kda_5_w, kda_5_u, kda_5_aqk, kda_5_decay_last = chunk_prepare(mul_82, mul_83, view_73, sigmoid_33, mul_85, 64, 'channel')  # (a)  # models/kda_layer.py:99
     kda_5_v_new, kda_5_start_states, kda_5_state_out = chunk_state_scan(kda_5_w, kda_5_u, kda_5_k_decayed, kda_5_decay_last, new_zeros_3)  # (b)  # models/kda_layer.py:99
     kda_5_o = chunk_output(kda_5_q_decayed, kda_5_aqk, kda_5_v_new, kda_5_start_states, 0.1767766952966369, T)  # (c)  # models/kda_layer.py:99
     view_77 = linear_78_merged_5.reshape((B, T, 4, 32))  # models/kda_layer.py:101
-    mul_84 = gated_rmsnorm(kda_5_o, W['model.layers.6.self_attn.o_norm.weight'], view_77, 1e-05)  # models/kda_layer.py:101
-    reshape_11 = mul_84.reshape((B, T, 128))  # models/kda_layer.py:102
+    mul_86 = gated_rmsnorm(kda_5_o, W['model.layers.6.self_attn.o_norm.weight'], view_77, 1e-05)  # models/kda_layer.py:101
+    reshape_11 = mul_86.reshape((B, T, 128))  # models/kda_layer.py:102
     linear_85 = F.linear(reshape_11, W['model.layers.6.self_attn.o_proj.weight'])  # models/kda_layer.py:102
     stack_12 = torch.stack([embedding, add_19, add_39, linear_85], dim=0)
     attn_res_mix_12 = attn_res_mix(stack_12, W['model.layers.6.mlp_res_proj.weight.reshape'], W['model.layers.6.mlp_res_norm.weight'], 1e-05)
@@ -418,10 +418,10 @@ def prefill(W, input_ids):
     view_81 = linear_93.reshape((B, T, 4, 48))  # models/mla_layer.py:52
     split_with_sizes_1_0, split_with_sizes_1_1 = torch.split(linear_92_merged_1, [32, 16], dim=2)  # models/mla_layer.py:53
     rms_norm_30 = rms_norm(split_with_sizes_1_0, W['model.layers.7.self_attn.kv_a_layernorm.weight'], 1e-06)  # models/common.py:34
-    mla_attention_1 = mla_attention(view_81, rms_norm_30, split_with_sizes_1_1, W['model.layers.7.self_attn.kv_b_proj.weight'], 32, 0.14433756729740643)  # models/mla_layer.py:66
-    reshape_13 = mla_attention_1.reshape((B, T, 128))  # models/mla_layer.py:69
-    mul_95 = rt.elementwise(ew5, (B, T, 128), torch.float32, linear_92_merged_2, reshape_13)  # models/mla_layer.py:71
-    linear_96 = F.linear(mul_95, W['model.layers.7.self_attn.o_proj.weight'])  # models/mla_layer.py:72
+    mla_attention_1 = mla_attention(view_81, rms_norm_30, split_with_sizes_1_1, W['model.layers.7.self_attn.kv_b_proj.weight'], 32, 0.14433756729740643)  # models/mla_layer.py:70
+    reshape_13 = mla_attention_1.reshape((B, T, 128))  # models/mla_layer.py:73
+    mul_97 = rt.elementwise(ew5, (B, T, 128), torch.float32, linear_92_merged_2, reshape_13)  # models/mla_layer.py:75
+    linear_96 = F.linear(mul_97, W['model.layers.7.self_attn.o_proj.weight'])  # models/mla_layer.py:76
     add_47 = rt.elementwise(ew2, (B, T, 256), torch.float32, add_46, linear_96)
     stack_14 = torch.stack([embedding, add_19, add_39, add_47], dim=0)
     attn_res_mix_14 = attn_res_mix(stack_14, W['model.layers.7.mlp_res_proj.weight.reshape'], W['model.layers.7.mlp_res_norm.weight'], 1e-05)
@@ -453,10 +453,10 @@ def prefill(W, input_ids):
     view_85 = linear_104.reshape((B, T, 4, 48))  # models/mla_layer.py:52
     split_with_sizes_2_0, split_with_sizes_2_1 = torch.split(linear_103_merged_1, [32, 16], dim=2)  # models/mla_layer.py:53
     rms_norm_35 = rms_norm(split_with_sizes_2_0, W['model.layers.8.self_attn.kv_a_layernorm.weight'], 1e-06)  # models/common.py:34
-    mla_attention_2 = mla_attention(view_85, rms_norm_35, split_with_sizes_2_1, W['model.layers.8.self_attn.kv_b_proj.weight'], 32, 0.14433756729740643)  # models/mla_layer.py:66
-    reshape_15 = mla_attention_2.reshape((B, T, 128))  # models/mla_layer.py:69
-    mul_106 = rt.elementwise(ew5, (B, T, 128), torch.float32, linear_103_merged_2, reshape_15)  # models/mla_layer.py:71
-    linear_107 = F.linear(mul_106, W['model.layers.8.self_attn.o_proj.weight'])  # models/mla_layer.py:72
+    mla_attention_2 = mla_attention(view_85, rms_norm_35, split_with_sizes_2_1, W['model.layers.8.self_attn.kv_b_proj.weight'], 32, 0.14433756729740643)  # models/mla_layer.py:70
+    reshape_15 = mla_attention_2.reshape((B, T, 128))  # models/mla_layer.py:73
+    mul_108 = rt.elementwise(ew5, (B, T, 128), torch.float32, linear_103_merged_2, reshape_15)  # models/mla_layer.py:75
+    linear_107 = F.linear(mul_108, W['model.layers.8.self_attn.o_proj.weight'])  # models/mla_layer.py:76
     add_52 = rt.elementwise(ew2, (B, T, 256), torch.float32, add_51, linear_107)
     stack_16 = torch.stack([embedding, add_19, add_39, add_52], dim=0)
     attn_res_mix_16 = attn_res_mix(stack_16, W['model.layers.8.mlp_res_proj.weight.reshape'], W['model.layers.8.mlp_res_norm.weight'], 1e-05)
@@ -613,12 +613,12 @@ def decode(W, input_ids, layers_0_S, layers_0_conv_q, layers_0_conv_k, layers_0_
     view_38 = linear_40.reshape((B, 1, 4, 48))  # models/mla_layer.py:52
     split_with_sizes_0, split_with_sizes_1 = torch.split(linear_39_merged_1, [32, 16], dim=2)  # models/mla_layer.py:53
     rms_norm_13 = rms_norm(split_with_sizes_0, W['model.layers.3.self_attn.kv_a_layernorm.weight'], 1e-06)  # models/common.py:34
-    cat = torch.cat([layers_3_ckv, rms_norm_13], dim=1)  # models/mla_layer.py:62
-    cat_1 = torch.cat([layers_3_krope, split_with_sizes_1], dim=1)  # models/mla_layer.py:63
-    mla_attention_ = mla_attention_absorbed(view_38, cat, cat_1, W['model.layers.3.self_attn.kv_b_proj.w_uk'], W['model.layers.3.self_attn.kv_b_proj.w_uv'], 0.14433756729740643)  # models/mla_layer.py:66
-    reshape_5 = mla_attention_.reshape((B, 1, 128))  # models/mla_layer.py:69
-    mul_37 = rt.elementwise(ew5, (B, 1, 128), torch.float32, linear_39_merged_2, reshape_5)  # models/mla_layer.py:71
-    linear_43 = F.linear(mul_37, W['model.layers.3.self_attn.o_proj.weight'])  # models/mla_layer.py:72
+    cat = torch.cat([layers_3_ckv, rms_norm_13], dim=1)  # models/mla_layer.py:66
+    cat_1 = torch.cat([layers_3_krope, split_with_sizes_1], dim=1)  # models/mla_layer.py:67
+    mla_attention_ = mla_attention_absorbed(view_38, cat, cat_1, W['model.layers.3.self_attn.kv_b_proj.w_uk'], W['model.layers.3.self_attn.kv_b_proj.w_uv'], 0.14433756729740643)  # models/mla_layer.py:70
+    reshape_5 = mla_attention_.reshape((B, 1, 128))  # models/mla_layer.py:73
+    mul_38 = rt.elementwise(ew5, (B, 1, 128), torch.float32, linear_39_merged_2, reshape_5)  # models/mla_layer.py:75
+    linear_43 = F.linear(mul_38, W['model.layers.3.self_attn.o_proj.weight'])  # models/mla_layer.py:76
     stack_6 = torch.stack([embedding, add_19, linear_43], dim=0)
     attn_res_mix_6 = attn_res_mix(stack_6, W['model.layers.3.mlp_res_proj.weight.reshape'], W['model.layers.3.mlp_res_norm.weight'], 1e-05)
     rms_norm_14 = rms_norm(attn_res_mix_6, W['model.layers.3.post_attention_layernorm.weight'], 1e-05)  # models/common.py:34
@@ -648,18 +648,18 @@ def decode(W, input_ids, layers_0_S, layers_0_conv_q, layers_0_conv_k, layers_0_
     short_conv_10_0, short_conv_10_1 = short_conv(linear_50_merged_1, W['model.layers.4.self_attn.k_conv1d.weight.reshape'], layers_4_conv_k, 'silu')  # models/kda_layer.py:37
     short_conv_11_0, short_conv_11_1 = short_conv(linear_50_merged_2, W['model.layers.4.self_attn.v_conv1d.weight.reshape'], layers_4_conv_v, 'silu')  # models/kda_layer.py:37
     view_45 = short_conv_9_0.reshape((B, 1, 4, 32))  # models/kda_layer.py:86
-    mul_47 = l2norm(view_45, 1e-06)  # models/kda_layer.py:86
+    mul_48 = l2norm(view_45, 1e-06)  # models/kda_layer.py:86
     view_46 = short_conv_10_0.reshape((B, 1, 4, 32))  # models/kda_layer.py:86
-    mul_48 = l2norm(view_46, 1e-06)  # models/kda_layer.py:86
+    mul_49 = l2norm(view_46, 1e-06)  # models/kda_layer.py:86
     view_47 = short_conv_11_0.reshape((B, 1, 4, 32))  # models/kda_layer.py:87
     linear_54 = F.linear(linear_50_merged_3, W['model.layers.4.self_attn.f_b_proj.weight'])  # models/kda_layer.py:88
     view_48 = linear_54.reshape((B, 1, 4, 32))  # models/kda_layer.py:88
-    mul_50 = rt.broadcast(ew0, (B, 1, 4, 32), torch.float32, view_48, W['model.layers.4.self_attn.dt_bias.reshape'], W['model.layers.4.self_attn.A_log.exp.reshape'])  # models/kda_layer.py:92
+    mul_51 = rt.broadcast(ew0, (B, 1, 4, 32), torch.float32, view_48, W['model.layers.4.self_attn.dt_bias.reshape'], W['model.layers.4.self_attn.A_log.exp.reshape'])  # models/kda_layer.py:92
     sigmoid_21 = rt.elementwise(ew1, (B, 1, 4), torch.float32, linear_50_merged_4)  # models/kda_layer.py:93
-    kda_3_0, kda_3_1 = rt.kda(mul_47, mul_48, view_47, mul_50, sigmoid_21, layers_4_S, 0.1767766952966369)  # models/kda_layer.py:99
+    kda_3_0, kda_3_1 = rt.kda(mul_48, mul_49, view_47, mul_51, sigmoid_21, layers_4_S, 0.1767766952966369)  # models/kda_layer.py:99
     view_51 = linear_50_merged_5.reshape((B, 1, 4, 32))  # models/kda_layer.py:101
-    mul_51 = gated_rmsnorm(kda_3_0, W['model.layers.4.self_attn.o_norm.weight'], view_51, 1e-05)  # models/kda_layer.py:101
-    reshape_7 = mul_51.reshape((B, 1, 128))  # models/kda_layer.py:102
+    mul_52 = gated_rmsnorm(kda_3_0, W['model.layers.4.self_attn.o_norm.weight'], view_51, 1e-05)  # models/kda_layer.py:101
+    reshape_7 = mul_52.reshape((B, 1, 128))  # models/kda_layer.py:102
     linear_57 = F.linear(reshape_7, W['model.layers.4.self_attn.o_proj.weight'])  # models/kda_layer.py:102
     add_27 = rt.elementwise(ew2, (B, 1, 256), torch.float32, add_23, linear_57)
     stack_8 = torch.stack([embedding, add_19, add_27], dim=0)
@@ -691,18 +691,18 @@ def decode(W, input_ids, layers_0_S, layers_0_conv_q, layers_0_conv_k, layers_0_
     short_conv_13_0, short_conv_13_1 = short_conv(linear_64_merged_1, W['model.layers.5.self_attn.k_conv1d.weight.reshape'], layers_5_conv_k, 'silu')  # models/kda_layer.py:37
     short_conv_14_0, short_conv_14_1 = short_conv(linear_64_merged_2, W['model.layers.5.self_attn.v_conv1d.weight.reshape'], layers_5_conv_v, 'silu')  # models/kda_layer.py:37
     view_58 = short_conv_12_0.reshape((B, 1, 4, 32))  # models/kda_layer.py:86
-    mul_61 = l2norm(view_58, 1e-06)  # models/kda_layer.py:86
+    mul_62 = l2norm(view_58, 1e-06)  # models/kda_layer.py:86
     view_59 = short_conv_13_0.reshape((B, 1, 4, 32))  # models/kda_layer.py:86
-    mul_62 = l2norm(view_59, 1e-06)  # models/kda_layer.py:86
+    mul_63 = l2norm(view_59, 1e-06)  # models/kda_layer.py:86
     view_60 = short_conv_14_0.reshape((B, 1, 4, 32))  # models/kda_layer.py:87
     linear_68 = F.linear(linear_64_merged_3, W['model.layers.5.self_attn.f_b_proj.weight'])  # models/kda_layer.py:88
     view_61 = linear_68.reshape((B, 1, 4, 32))  # models/kda_layer.py:88
-    mul_64 = rt.broadcast(ew0, (B, 1, 4, 32), torch.float32, view_61, W['model.layers.5.self_attn.dt_bias.reshape'], W['model.layers.5.self_attn.A_log.exp.reshape'])  # models/kda_layer.py:92
+    mul_65 = rt.broadcast(ew0, (B, 1, 4, 32), torch.float32, view_61, W['model.layers.5.self_attn.dt_bias.reshape'], W['model.layers.5.self_attn.A_log.exp.reshape'])  # models/kda_layer.py:92
     sigmoid_27 = rt.elementwise(ew1, (B, 1, 4), torch.float32, linear_64_merged_4)  # models/kda_layer.py:93
-    kda_4_0, kda_4_1 = rt.kda(mul_61, mul_62, view_60, mul_64, sigmoid_27, layers_5_S, 0.1767766952966369)  # models/kda_layer.py:99
+    kda_4_0, kda_4_1 = rt.kda(mul_62, mul_63, view_60, mul_65, sigmoid_27, layers_5_S, 0.1767766952966369)  # models/kda_layer.py:99
     view_64 = linear_64_merged_5.reshape((B, 1, 4, 32))  # models/kda_layer.py:101
-    mul_65 = gated_rmsnorm(kda_4_0, W['model.layers.5.self_attn.o_norm.weight'], view_64, 1e-05)  # models/kda_layer.py:101
-    reshape_9 = mul_65.reshape((B, 1, 128))  # models/kda_layer.py:102
+    mul_66 = gated_rmsnorm(kda_4_0, W['model.layers.5.self_attn.o_norm.weight'], view_64, 1e-05)  # models/kda_layer.py:101
+    reshape_9 = mul_66.reshape((B, 1, 128))  # models/kda_layer.py:102
     linear_71 = F.linear(reshape_9, W['model.layers.5.self_attn.o_proj.weight'])  # models/kda_layer.py:102
     add_35 = rt.elementwise(ew2, (B, 1, 256), torch.float32, add_31, linear_71)
     stack_10 = torch.stack([embedding, add_19, add_35], dim=0)
@@ -734,18 +734,18 @@ def decode(W, input_ids, layers_0_S, layers_0_conv_q, layers_0_conv_k, layers_0_
     short_conv_16_0, short_conv_16_1 = short_conv(linear_78_merged_1, W['model.layers.6.self_attn.k_conv1d.weight.reshape'], layers_6_conv_k, 'silu')  # models/kda_layer.py:37
     short_conv_17_0, short_conv_17_1 = short_conv(linear_78_merged_2, W['model.layers.6.self_attn.v_conv1d.weight.reshape'], layers_6_conv_v, 'silu')  # models/kda_layer.py:37
     view_71 = short_conv_15_0.reshape((B, 1, 4, 32))  # models/kda_layer.py:86
-    mul_75 = l2norm(view_71, 1e-06)  # models/kda_layer.py:86
+    mul_76 = l2norm(view_71, 1e-06)  # models/kda_layer.py:86
     view_72 = short_conv_16_0.reshape((B, 1, 4, 32))  # models/kda_layer.py:86
-    mul_76 = l2norm(view_72, 1e-06)  # models/kda_layer.py:86
+    mul_77 = l2norm(view_72, 1e-06)  # models/kda_layer.py:86
     view_73 = short_conv_17_0.reshape((B, 1, 4, 32))  # models/kda_layer.py:87
     linear_82 = F.linear(linear_78_merged_3, W['model.layers.6.self_attn.f_b_proj.weight'])  # models/kda_layer.py:88
     view_74 = linear_82.reshape((B, 1, 4, 32))  # models/kda_layer.py:88
-    mul_78 = rt.broadcast(ew0, (B, 1, 4, 32), torch.float32, view_74, W['model.layers.6.self_attn.dt_bias.reshape'], W['model.layers.6.self_attn.A_log.exp.reshape'])  # models/kda_layer.py:92
+    mul_79 = rt.broadcast(ew0, (B, 1, 4, 32), torch.float32, view_74, W['model.layers.6.self_attn.dt_bias.reshape'], W['model.layers.6.self_attn.A_log.exp.reshape'])  # models/kda_layer.py:92
     sigmoid_33 = rt.elementwise(ew1, (B, 1, 4), torch.float32, linear_78_merged_4)  # models/kda_layer.py:93
-    kda_5_0, kda_5_1 = rt.kda(mul_75, mul_76, view_73, mul_78, sigmoid_33, layers_6_S, 0.1767766952966369)  # models/kda_layer.py:99
+    kda_5_0, kda_5_1 = rt.kda(mul_76, mul_77, view_73, mul_79, sigmoid_33, layers_6_S, 0.1767766952966369)  # models/kda_layer.py:99
     view_77 = linear_78_merged_5.reshape((B, 1, 4, 32))  # models/kda_layer.py:101
-    mul_79 = gated_rmsnorm(kda_5_0, W['model.layers.6.self_attn.o_norm.weight'], view_77, 1e-05)  # models/kda_layer.py:101
-    reshape_11 = mul_79.reshape((B, 1, 128))  # models/kda_layer.py:102
+    mul_80 = gated_rmsnorm(kda_5_0, W['model.layers.6.self_attn.o_norm.weight'], view_77, 1e-05)  # models/kda_layer.py:101
+    reshape_11 = mul_80.reshape((B, 1, 128))  # models/kda_layer.py:102
     linear_85 = F.linear(reshape_11, W['model.layers.6.self_attn.o_proj.weight'])  # models/kda_layer.py:102
     stack_12 = torch.stack([embedding, add_19, add_39, linear_85], dim=0)
     attn_res_mix_12 = attn_res_mix(stack_12, W['model.layers.6.mlp_res_proj.weight.reshape'], W['model.layers.6.mlp_res_norm.weight'], 1e-05)
@@ -777,12 +777,12 @@ def decode(W, input_ids, layers_0_S, layers_0_conv_q, layers_0_conv_k, layers_0_
     view_81 = linear_93.reshape((B, 1, 4, 48))  # models/mla_layer.py:52
     split_with_sizes_1_0, split_with_sizes_1_1 = torch.split(linear_92_merged_1, [32, 16], dim=2)  # models/mla_layer.py:53
     rms_norm_30 = rms_norm(split_with_sizes_1_0, W['model.layers.7.self_attn.kv_a_layernorm.weight'], 1e-06)  # models/common.py:34
-    cat_2 = torch.cat([layers_7_ckv, rms_norm_30], dim=1)  # models/mla_layer.py:62
-    cat_3 = torch.cat([layers_7_krope, split_with_sizes_1_1], dim=1)  # models/mla_layer.py:63
-    mla_attention_1 = mla_attention_absorbed(view_81, cat_2, cat_3, W['model.layers.7.self_attn.kv_b_proj.w_uk'], W['model.layers.7.self_attn.kv_b_proj.w_uv'], 0.14433756729740643)  # models/mla_layer.py:66
-    reshape_13 = mla_attention_1.reshape((B, 1, 128))  # models/mla_layer.py:69
-    mul_89 = rt.elementwise(ew5, (B, 1, 128), torch.float32, linear_92_merged_2, reshape_13)  # models/mla_layer.py:71
-    linear_96 = F.linear(mul_89, W['model.layers.7.self_attn.o_proj.weight'])  # models/mla_layer.py:72
+    cat_2 = torch.cat([layers_7_ckv, rms_norm_30], dim=1)  # models/mla_layer.py:66
+    cat_3 = torch.cat([layers_7_krope, split_with_sizes_1_1], dim=1)  # models/mla_layer.py:67
+    mla_attention_1 = mla_attention_absorbed(view_81, cat_2, cat_3, W['model.layers.7.self_attn.kv_b_proj.w_uk'], W['model.layers.7.self_attn.kv_b_proj.w_uv'], 0.14433756729740643)  # models/mla_layer.py:70
+    reshape_13 = mla_attention_1.reshape((B, 1, 128))  # models/mla_layer.py:73
+    mul_91 = rt.elementwise(ew5, (B, 1, 128), torch.float32, linear_92_merged_2, reshape_13)  # models/mla_layer.py:75
+    linear_96 = F.linear(mul_91, W['model.layers.7.self_attn.o_proj.weight'])  # models/mla_layer.py:76
     add_47 = rt.elementwise(ew2, (B, 1, 256), torch.float32, add_46, linear_96)
     stack_14 = torch.stack([embedding, add_19, add_39, add_47], dim=0)
     attn_res_mix_14 = attn_res_mix(stack_14, W['model.layers.7.mlp_res_proj.weight.reshape'], W['model.layers.7.mlp_res_norm.weight'], 1e-05)
@@ -814,12 +814,12 @@ def decode(W, input_ids, layers_0_S, layers_0_conv_q, layers_0_conv_k, layers_0_
     view_85 = linear_104.reshape((B, 1, 4, 48))  # models/mla_layer.py:52
     split_with_sizes_2_0, split_with_sizes_2_1 = torch.split(linear_103_merged_1, [32, 16], dim=2)  # models/mla_layer.py:53
     rms_norm_35 = rms_norm(split_with_sizes_2_0, W['model.layers.8.self_attn.kv_a_layernorm.weight'], 1e-06)  # models/common.py:34
-    cat_4 = torch.cat([layers_8_ckv, rms_norm_35], dim=1)  # models/mla_layer.py:62
-    cat_5 = torch.cat([layers_8_krope, split_with_sizes_2_1], dim=1)  # models/mla_layer.py:63
-    mla_attention_2 = mla_attention_absorbed(view_85, cat_4, cat_5, W['model.layers.8.self_attn.kv_b_proj.w_uk'], W['model.layers.8.self_attn.kv_b_proj.w_uv'], 0.14433756729740643)  # models/mla_layer.py:66
-    reshape_15 = mla_attention_2.reshape((B, 1, 128))  # models/mla_layer.py:69
-    mul_99 = rt.elementwise(ew5, (B, 1, 128), torch.float32, linear_103_merged_2, reshape_15)  # models/mla_layer.py:71
-    linear_107 = F.linear(mul_99, W['model.layers.8.self_attn.o_proj.weight'])  # models/mla_layer.py:72
+    cat_4 = torch.cat([layers_8_ckv, rms_norm_35], dim=1)  # models/mla_layer.py:66
+    cat_5 = torch.cat([layers_8_krope, split_with_sizes_2_1], dim=1)  # models/mla_layer.py:67
+    mla_attention_2 = mla_attention_absorbed(view_85, cat_4, cat_5, W['model.layers.8.self_attn.kv_b_proj.w_uk'], W['model.layers.8.self_attn.kv_b_proj.w_uv'], 0.14433756729740643)  # models/mla_layer.py:70
+    reshape_15 = mla_attention_2.reshape((B, 1, 128))  # models/mla_layer.py:73
+    mul_101 = rt.elementwise(ew5, (B, 1, 128), torch.float32, linear_103_merged_2, reshape_15)  # models/mla_layer.py:75
+    linear_107 = F.linear(mul_101, W['model.layers.8.self_attn.o_proj.weight'])  # models/mla_layer.py:76
     add_52 = rt.elementwise(ew2, (B, 1, 256), torch.float32, add_51, linear_107)
     stack_16 = torch.stack([embedding, add_19, add_39, add_52], dim=0)
     attn_res_mix_16 = attn_res_mix(stack_16, W['model.layers.8.mlp_res_proj.weight.reshape'], W['model.layers.8.mlp_res_norm.weight'], 1e-05)

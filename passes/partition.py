@@ -14,11 +14,13 @@ whole; every pass and backend then sees an ordinary graph with `all_reduce` node
     ep (expert parallel, group: the whole world)
       routed experts: rank (e, t) holds experts [e E/ep, (e+1) E/ep) and, of each, the
       intermediate columns [t I/tp, (t+1) I/tp). Every rank routes every token (the router is
-      replicated), runs its experts on the slots routed to them (the other slots get weight
-      0) and the partial outputs are summed by one all_reduce over the world; the latent
-      norm and up-projection follow the sum. (That all-reduce is the reduce-scatter +
-      all-gather form of the combine; passes/cost.py prices it against the all-to-all
-      dispatch and combine, and `k3c plan` reports which moves fewer bytes.)
+      replicated). The outputs are combined by one of two forms (`combine`): "all_reduce",
+      each rank runs its experts on the slots routed to them (the other slots weight 0) and
+      one all_reduce over the world sums the partial outputs; or "all_to_all", each rank
+      sends the slots of its token slice to the tp ranks holding their expert's columns
+      (moe_dispatch), runs its experts on the rows it receives and sends the outputs back
+      (moe_combine: weighted, summed per token, the slices gathered). "auto" takes the one
+      passes/cost.py prices lower per token. The latent norm and up-projection follow.
     vocab (a mesh with "vocab"): the embedding by rows (ids outside the rank's range give
       zeros, an all_reduce over tp sums), the lm_head by output columns + all_gather.
     replicated: norms, routers, AttnRes, the latent projections (and without "vocab" the
@@ -44,7 +46,7 @@ from ..models.kda_layer import KDAMixer
 from ..models.mla_layer import MLAMixer
 from ..models.moe_layer import MoE, MXFP4Experts
 from ..models.validate import _SPEC, state_spec
-from .cost import combine_bytes
+from .cost import combine_bytes, exchange_bytes
 from .mesh import Mesh, check_divides
 
 
@@ -114,7 +116,6 @@ class ShardedMoE(MoE):
     n_local: int
     group: list[int]
     combine: str = "all_reduce"
-    tp_group: list[int]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, d = x.shape
@@ -168,8 +169,6 @@ class ShardedMoE(MoE):
 def _meta_exchange(m: ShardedMoE, h: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     """moe_dispatch + moe_combine on meta tensors: the comm told what a rank sends at balanced
     routing (passes/cost.py's `exchange_bytes`), the result [N, width] as combine makes it."""
-    from .cost import exchange_bytes
-
     comm = current("moe_dispatch")
     if hasattr(comm, "expect"):
         N, k = idx.shape
@@ -263,8 +262,7 @@ def _moe(m: MoE, mesh: Mesh, e: int, t: int, combine: str) -> None:
         per = b.shape[2] // mesh.tp  # w2's last dim is I (or I/2 packed, I/32 scales)
         setattr(ex, w2, nn.Parameter(b[:, :, t * per:(t + 1) * per].clone(), requires_grad=False))
     m.I, m.lo, m.n_local, m.group = i, lo, n, list(range(mesh.world))
-    r = e * mesh.tp + t
-    m.combine, m.tp_group = combine, mesh.tp_group(r)
+    m.combine = combine
     device = ex.w2.device if hasattr(ex, "w2") else ex.w2_packed.device
     m.register_buffer("expert_lo", torch.tensor(lo, dtype=torch.int64, device=device))
     if combine == "all_to_all" and mesh.tp > 1:  # the same table on every rank: one capture serves all

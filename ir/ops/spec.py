@@ -172,11 +172,13 @@ class OpSpec:
         return self.num_outputs(attrs) if self.num_outputs else len(self.outputs)
 
     def full_attrs(self, attrs: dict) -> dict:
-        """attrs with defaults filled in; a KeyError names a missing required one."""
+        """attrs with defaults filled in; a KeyError names a missing required one. A "float"
+        attribute written as an int (`beta=2`) arrives as a float, as every backend holds it."""
         out = {}
         for k, a in self.attr_specs.items():
             if k in attrs:
-                out[k] = attrs[k]
+                v = attrs[k]
+                out[k] = float(v) if a.kind == "float" and _is_int(v) else v
             elif a.default is REQUIRED:
                 raise KeyError(k)
             else:

@@ -165,6 +165,10 @@ def compile(model: torch.nn.Module, backend: str, example_inputs: tuple, out_dir
     `dynamic_shapes=` as torch.export takes it; by default B and T of `[B, T, ...]` inputs
     (k3c.capture). The graph's meta["dynamic"] says what was taken.
 
+    `mesh="tp=2,ep=2"` (",vocab" to split the vocabulary too) writes one artifact per rank and
+    returns their folder (k3c.distributed.runner.compile_mesh); `combine=` ("auto",
+    "all_reduce", "all_to_all") says how the routed experts' outputs are combined there.
+
     `max_context=N` gives the serving forms (k3c/serving.py): fixed-capacity caches of N rows
     written in place by decode, `positions` in the state, ragged prompts (`lengths`) and a
     `prefill_last` entry for last-token logits. `cache="grow"` keeps the growing caches.

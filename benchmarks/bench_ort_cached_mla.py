@@ -18,12 +18,13 @@ Each form's output is checked against numpy (max abs error printed); the fastest
 from __future__ import annotations
 
 import argparse
-import time
 
 import numpy as np
 import onnxruntime as ort
 from onnx import TensorProto as TP
 from onnx import helper as oh
+
+from k3c.bench import best_of
 
 F32, I64, I32 = TP.FLOAT, TP.INT64, TP.INT32
 
@@ -112,22 +113,13 @@ def main() -> None:
     print(f"N = {N}, P = {P}, H = {H}, Dc = {Dc}, Dr = {Dr}, onnxruntime {ort.__version__}")
     for name, (s_, f, get) in forms.items():
         err = np.abs(get(s_.run(None, f)[0]) - want).max()
-        print(f"{name:34s} {1e3 * best(lambda s_=s_, f=f: s_.run(None, f), args.repeat):8.2f} ms   max err {err:.1e}",
-              flush=True)
+        ms = 1e3 * best_of(lambda s_=s_, f=f: s_.run(None, f), args.repeat, warmup=1)
+        print(f"{name:34s} {ms:8.2f} ms   max err {err:.1e}", flush=True)
     sess.run_with_iobinding(io)
     out = next(x for x in io.copy_outputs_to_cpu() if x.size == H * Dk).reshape(H, Dk)[:, :Dc]
-    ms = 1e3 * best(lambda: sess.run_with_iobinding(io), args.repeat)
+    ms = 1e3 * best_of(lambda: sess.run_with_iobinding(io), args.repeat, warmup=1)
     print(f"{'GroupQueryAttention, shared buffer':34s} {ms:8.2f} ms   max err {np.abs(out - want).max():.1e}")
 
-
-def best(fn, repeat: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
 
 
 if __name__ == "__main__":

@@ -28,16 +28,8 @@ from pathlib import Path
 import torch
 
 import k3c
+from k3c.bench import best_of
 from k3c.generate import EagerRunner, generate
-
-
-def best(fn, repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
 
 
 def filled_state(compiled, model, P: int, seed: int = 0) -> dict:
@@ -107,8 +99,8 @@ def main() -> None:
         pre = next((arts[P] for P in contexts if P + 64 >= args.prefill), None) or artifact(be, args.prefill)
         ids = torch.randint(0, model.config.vocab_size, (1, args.prefill))
         with torch.no_grad():
-            report["prefill_ms"][be] = {lg: 1e3 * best(lambda lg=lg, pre=pre, ids=ids: pre.prefill(ids, logits=lg),
-                                                   args.repeat)
+            report["prefill_ms"][be] = {lg: 1e3 * best_of(lambda lg=lg, pre=pre, ids=ids: pre.prefill(ids, logits=lg),
+                                                      args.repeat)
                                         for lg in ("all", "last")}
         print(be, "prefill ms", report["prefill_ms"][be], flush=True)
         if be == "onnx":

@@ -21,15 +21,7 @@ import time
 import torch
 
 import k3c
-
-
-def best(fn, repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
+from k3c.bench import best_of
 
 
 def graphs_compiled() -> int:
@@ -52,8 +44,8 @@ def measure(prefill, decode, prompt, steps, repeat: int) -> dict:
     first_loop = time.perf_counter() - t0
     g2 = graphs_compiled()
     return {"first_prefill_s": first_prefill, "prefill_graphs": g1 - g0, "first_decode_loop_s": first_loop,
-            "decode_graphs": g2 - g1, "prefill_s": best(lambda: prefill(prompt), repeat),
-            "decode_loop_s": best(loop, repeat), "graphs_after_warmup": graphs_compiled() - g2}
+            "decode_graphs": g2 - g1, "prefill_s": best_of(lambda: prefill(prompt), repeat),
+            "decode_loop_s": best_of(loop, repeat), "graphs_after_warmup": graphs_compiled() - g2}
 
 
 def main() -> None:

@@ -51,7 +51,7 @@ def machine() -> dict:
             "torch": torch.__version__, "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
 
 
-def timeit(fn, warmup: int, repeats: int) -> float:
+def _times(fn, warmup: int, repeats: int) -> list[float]:
     for _ in range(warmup):
         fn()
     times = []
@@ -59,7 +59,17 @@ def timeit(fn, warmup: int, repeats: int) -> float:
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return times
+
+
+def timeit(fn, warmup: int, repeats: int) -> float:
+    """The median seconds of `repeats` calls after `warmup` untimed ones."""
+    return statistics.median(_times(fn, warmup, repeats))
+
+
+def best_of(fn, repeats: int, warmup: int = 0) -> float:
+    """The fastest of `repeats` timed calls (a shared CPU varies by 20% and more)."""
+    return min(_times(fn, warmup, repeats))
 
 
 @dataclass

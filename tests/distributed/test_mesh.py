@@ -7,26 +7,20 @@ from __future__ import annotations
 
 import pytest
 import torch
+from mesh_cases import SMALL, STEPS, B, T, eager_parts
+from mesh_cases import job as _job
 
 from k3c import models
 from k3c.distributed.diff import compare_mesh, run_mesh
 from k3c.distributed.runner import compile_mesh, rank_graphs
-from k3c.distributed.simulate import RankError, run_ranks
+from k3c.distributed.simulate import RankError
 from k3c.distributed.spawn import spawn
 from k3c.errors import UsageError
 from k3c.passes.mesh import Mesh
 from k3c.passes.partition import partition
 from k3c.plan import plan
 
-SMALL = {"num_layers": 2, "mla_layers": (2,)}  # a KDA layer (dense MLP), an MLA layer (MoE)
-T, STEPS, B = 8, 2, 2
 MESH = Mesh.parse("tp=2,ep=2")
-
-
-def _job(seed=0):
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, 1024, (B, T + STEPS), generator=g)
-    return {"input_ids": ids[:, :T], "decode_ids": ids[:, T:]}
 
 
 @pytest.fixture(scope="module")
@@ -63,15 +57,7 @@ def test_partitioned_eager_matches_one_process(name, mesh):
     decode fed each rank's own state shard; the state joined from the shards."""
     model = models.build(name, **SMALL).eval()
     m, job = Mesh.parse(mesh), _job()
-
-    def one(r):
-        part = partition(model, m, r)
-        with torch.no_grad():
-            lo, st = part.prefill(job["input_ids"])
-            lo2, st2 = part.decode(job["decode_ids"][:, :1], st)
-            lo3, st3 = part.decode(job["decode_ids"][:, 1:], st2)
-        return {"logits": lo, "state": st, "decode_logits": [lo2, lo3], "decode_state": st3, "sent": {}, "calls": {}}
-    results, _ = run_ranks(one, m.world)
+    results, _ = eager_parts(model, m, job)
     report = compare_mesh(model, results, job, m)
     assert report["ok"], report
 

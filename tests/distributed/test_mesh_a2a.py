@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from mesh_cases import SMALL, STEPS, B, T, eager_parts
+from mesh_cases import job as _job
 
 from k3c import models
 from k3c.distributed.diff import compare_mesh, run_mesh
 from k3c.distributed.runner import compile_mesh, rank_graphs
-from k3c.distributed.simulate import run_ranks
 from k3c.errors import UsageError
 from k3c.kernels.collectives import token_slice
 from k3c.models.moe_layer import MoE
@@ -21,15 +22,7 @@ from k3c.passes.mesh import Mesh
 from k3c.passes.partition import combine_report, partition
 from k3c.plan import plan
 
-SMALL = {"num_layers": 2, "mla_layers": (2,)}  # a KDA layer (dense MLP), an MLA layer (MoE)
-T, STEPS, B = 8, 2, 2
 MESH = Mesh.parse("tp=2,ep=2")
-
-
-def _job(seed=0):
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, 1024, (B, T + STEPS), generator=g)
-    return {"input_ids": ids[:, :T], "decode_ids": ids[:, T:]}
 
 
 @pytest.mark.parametrize("name", ["k3-tiny", "kimi-linear-tiny"])
@@ -37,15 +30,7 @@ def _job(seed=0):
 def test_partitioned_eager_matches_one_process(name, mesh):
     model = models.build(name, **SMALL).eval()
     m, job = Mesh.parse(mesh), _job()
-
-    def one(r):
-        part = partition(model, m, r, combine="all_to_all")
-        with torch.no_grad():
-            lo, st = part.prefill(job["input_ids"])
-            lo2, st2 = part.decode(job["decode_ids"][:, :1], st)
-            lo3, st3 = part.decode(job["decode_ids"][:, 1:], st2)
-        return {"logits": lo, "state": st, "decode_logits": [lo2, lo3], "decode_state": st3, "sent": {}, "calls": {}}
-    results, comms = run_ranks(one, m.world)
+    results, comms = eager_parts(model, m, job, combine="all_to_all")
     report = compare_mesh(model, results, job, m)
     assert report["ok"], report
     assert all(c.calls["all_to_all"] > 0 for c in comms)

@@ -5,25 +5,16 @@ the bytes of the all_gather against `k3c plan`, and the weights a rank no longer
 from __future__ import annotations
 
 import pytest
-import torch
+from mesh_cases import SMALL, STEPS, B, T, eager_parts
+from mesh_cases import job as _job
 
 from k3c import models
 from k3c.distributed.diff import compare_mesh, run_mesh
 from k3c.distributed.runner import compile_mesh
-from k3c.distributed.simulate import run_ranks
 from k3c.errors import UsageError
 from k3c.passes.mesh import Mesh
 from k3c.passes.partition import partition
 from k3c.plan import plan
-
-SMALL = {"num_layers": 2, "mla_layers": (2,)}
-T, STEPS, B = 8, 2, 2
-
-
-def _job(seed=0):
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, 1024, (B, T + STEPS), generator=g)
-    return {"input_ids": ids[:, :T], "decode_ids": ids[:, T:]}
 
 
 def test_mesh_text_and_errors():
@@ -40,15 +31,9 @@ def test_partitioned_eager_matches_one_process(name):
     model = models.build(name, **SMALL).eval()
     m, job = Mesh.parse("tp=2,ep=2,vocab"), _job()
 
-    def one(r):
-        part = partition(model, m, r)
+    def halved_head(part):
         assert part.lm_head.weight.shape[0] == model.config.vocab_size // 2
-        with torch.no_grad():
-            lo, st = part.prefill(job["input_ids"])
-            lo2, st2 = part.decode(job["decode_ids"][:, :1], st)
-            lo3, st3 = part.decode(job["decode_ids"][:, 1:], st2)
-        return {"logits": lo, "state": st, "decode_logits": [lo2, lo3], "decode_state": st3, "sent": {}, "calls": {}}
-    results, comms = run_ranks(one, m.world)
+    results, comms = eager_parts(model, m, job, check=halved_head)
     assert compare_mesh(model, results, job, m)["ok"]
     assert all(c.calls["all_gather"] == 3 for c in comms)  # the logits, once a pass
 

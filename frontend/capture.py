@@ -200,7 +200,7 @@ def _widen_examples(args: tuple, spec, apart: bool = False) -> tuple:
                 sizes.setdefault(getattr(d, "__name__", str(d)), int(a.shape[axis]))
     target: dict[str, int] = {}
     for name, n in sizes.items():
-        taken = static | {v for k, v in target.items()} | {v for k, v in sizes.items() if k != name}
+        taken = static | set(target.values()) | {v for k, v in sizes.items() if k != name}
         if n >= 2 and (n not in static or not apart):
             target[name] = n
             continue

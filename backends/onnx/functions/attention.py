@@ -7,21 +7,22 @@ query t sees keys 0 .. S - T + t (decode: S = P + 1 keys, one query).
 
 from __future__ import annotations
 
-from ..builder import Builder
+from ..builder import Builder, Ref
 from . import op_function
 
 
-def attend(b: Builder, q: str, kt: str, v: str, scale) -> str:
-    """softmax(q kt * scale, causal) v: q [B, H, T, D], kt [B, Hk, D, S], v [B, Hk, S, Dv]
-    (Hk = H or 1) -> [B, H, T, Dv]."""
-    scores = b.Mul(b.MatMul(q, kt), b.param(scale))
-    T, S = b.shape_of(q, 2), b.shape_of(kt, 3)
+def attend(b: Builder, q: str, k: str, v: str, scale) -> str:
+    """softmax(q k^T * scale, causal) v: q [B, H, T, D], k [B, Hk, S, D], v [B, Hk, S, Dv]
+    (Hk divides H) -> [B, H, T, Dv], by the standard `Attention` (opset 23) with the
+    bottom-right mask as a boolean [T, S]: one fused kernel in onnxruntime instead of the
+    [B, H, T, S] scores written four times (MatMul, Mul, Where, Softmax); on a KDA/MLA user
+    layer's prefill (H = 4, T = S = 1024, D = 96) 33.6 ms -> 23.9 ms, the same output."""
+    T, S = b.shape_of(q, 2), b.shape_of(k, 2)
     zero, one = b.const(0, "i64"), b.const(1, "i64")
     t = b.unsqueeze(b.Range(zero, b.squeeze(T, 0), one), 1)
     s = b.unsqueeze(b.Range(zero, b.squeeze(S, 0), one), 0)
-    future = b.Greater(s, b.Add(t, b.Sub(S, T)))  # [T, S]
-    scores = b.Where(future, b.const(float("-inf")), scores)
-    return b.MatMul(b.Softmax(scores, axis=-1), v)
+    visible = b.Not(b.Greater(s, b.Add(t, b.Sub(S, T))))  # [T, S]
+    return b.op("Attention", [q, k, v, visible], 1, scale=scale if isinstance(scale, Ref) else float(scale))
 
 
 def heads_first(b: Builder, x: str) -> str:
@@ -31,7 +32,7 @@ def heads_first(b: Builder, x: str) -> str:
 @op_function("causal_attention")
 def causal_attention(b, q, k, v, scale):
     """softmax(q k^T * scale, causal bottom-right) v: q [B, T, H, D], k, v [B, S, H, *]."""
-    o = attend(b, heads_first(b, q), b.Transpose(k, perm=[0, 2, 3, 1]), heads_first(b, v), scale)
+    o = attend(b, heads_first(b, q), heads_first(b, k), heads_first(b, v), scale)
     return heads_first(b, o)
 
 
@@ -52,7 +53,7 @@ def mla_keys_values(b: Builder, q: str, ckv: str, krope: str, w_kv_b: str) -> tu
 def mla_attention(b, q, ckv, krope, w_kv_b, scale):
     """MLA over the latent cache, expanded: keys/values up-projected by w_kv_b (NoPE)."""
     k, v = mla_keys_values(b, q, ckv, krope, w_kv_b)
-    o = attend(b, heads_first(b, q), b.Transpose(k, perm=[0, 2, 3, 1]), heads_first(b, v), scale)
+    o = attend(b, heads_first(b, q), heads_first(b, k), heads_first(b, v), scale)
     return heads_first(b, o)
 
 
@@ -68,7 +69,7 @@ def absorbed_query(b: Builder, q: str, krope: str, w_uk: str) -> str:
 def mla_attention_absorbed(b, q, ckv, krope, w_uk, w_uv, scale):
     """MLA with W_UK folded into the query and W_UV after attention: one KV head."""
     q_abs = absorbed_query(b, q, krope, w_uk)
-    k_abs = b.Transpose(b.unsqueeze(b.Concat(ckv, krope, axis=-1), 1), perm=[0, 1, 3, 2])  # [B, 1, Dc+Dr, S]
+    k_abs = b.unsqueeze(b.Concat(ckv, krope, axis=-1), 1)  # [B, 1, S, Dc + Dr]: one KV head
     o_lat = attend(b, q_abs, k_abs, b.unsqueeze(ckv, 1), scale)  # [B, H, T, Dc]
     return heads_first(b, b.MatMul(o_lat, b.Transpose(w_uv, perm=[0, 2, 1])))
 

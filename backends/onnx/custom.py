@@ -6,7 +6,7 @@ of the support matrix, in the `onnx` table of k3c.backends.tables).
     kda, attention, ...    the function of the op's own name (functions/: `op_function`)
                            kda is the recurrence: the chunk-delta-rule pass decides whether
                            a prefill runs chunked, as chunk_prepare/scan/output
-    short_conv             short_conv | short_conv_silu
+    short_conv             short_conv | short_conv_silu (channels)
     situ / gated_mlp       situ | situ_identity_up, gated_mlp_{situ,silu}[...]
     chunk_prepare          chunk_prepare_{channel,head,none,linear} (chunk_size)
     chunk_output           chunk_output (scale), T passed as a fifth input `length`
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from ...ir import Graph, Node
 from ..tables import builtin
+from .builder import LoweringError
 
 # The function bodies compute in fp32 (their constants and casts are fp32).
 BODY_FLOATS = ("f32",)
@@ -55,8 +56,13 @@ def call_lowering(op: str, kinds: dict[str, str]) -> None:
 
 @lowers("short_conv")
 def _short_conv(lx, node):
+    """The depthwise Conv's group is an attribute: the node carries the weight's static C."""
     act = lx.attrs(node)["activation"]
-    _call(lx, node, "short_conv_silu" if act == "silu" else "short_conv")
+    C = lx.type(node.inputs[1]).shape[0]
+    if not isinstance(C, int):
+        raise LoweringError(f"short_conv {node.outputs[0]}: the ONNX body needs a static channel count, "
+                            f"the weight is {lx.type(node.inputs[1])}")
+    _call(lx, node, "short_conv_silu" if act == "silu" else "short_conv", channels=C)
 
 
 def _act_name(base: str, attrs: dict) -> tuple[str, dict]:

@@ -20,6 +20,15 @@ def decay_exp(b: Builder, x: str) -> str:
     return b.Exp(b.Max(x, b.const(EXP_FLOOR)))
 
 
+def masked_decay_exp(b: Builder, visible: str, x: str) -> str:
+    """exp(x) where `visible` (a bool mask broadcast against x), exp(EXP_FLOOR) elsewhere: the
+    mask as an additive -inf bias on its own small shape, then decay_exp's floor. The same
+    values as a Where(visible, x, EXP_FLOOR) over x's shape, which onnxruntime broadcasts
+    slowly (a fifth of a KDA layer's chunk_prepare in its profiler)."""
+    bias = b.Where(visible, b.const(0.0), b.const(float("-inf")))
+    return decay_exp(b, b.Add(x, bias))
+
+
 def to_chunks(b: Builder, x: str, C: str, rank: int) -> str:
     """[B, T, H, ...] (of `rank` dims) -> [B, H, NC, C, ...], zero-padded in time to NC * C.
     C: int64 [1]."""
@@ -131,7 +140,7 @@ def _channel_gates(b: Builder, q: str, k: str, g: str, C: str):
     Gb, qb, kb = (b.Reshape(x, blocked) for x in (G, q, k))  # [.., NB, c, K]
     # pairs inside a block: pairwise, masked j > i to the floor before the exp
     diff = b.Sub(b.unsqueeze(Gb, -2), b.unsqueeze(Gb, -3))  # [.., NB, c(i), c(j), K]
-    decay = decay_exp(b, b.Where(b.unsqueeze(causal_mask(b, c), -1), diff, b.const(EXP_FLOOR)))
+    decay = masked_decay_exp(b, b.unsqueeze(causal_mask(b, c), -1), diff)
     kj = b.Mul(decay, b.unsqueeze(kb, -3))
     kk_in = b.ReduceSum(b.Mul(kj, b.unsqueeze(kb, -2)), b.ints([-1]), keepdims=0)  # [.., NB, c, c]
     qk_in = b.ReduceSum(b.Mul(kj, b.unsqueeze(qb, -2)), b.ints([-1]), keepdims=0)
@@ -142,7 +151,7 @@ def _channel_gates(b: Builder, q: str, k: str, g: str, C: str):
     cols = b.Range(b.const(0, "i64"), b.squeeze(C, 0), b.const(1, "i64"))
     earlier = b.Less(cols, starts)  # [NB, C]: column j is in a block before the row's
     to_r = b.Sub(G_r, b.unsqueeze(G, -3))  # G_r - G_j, [.., NB, C, K]
-    k_cols = b.Mul(decay_exp(b, b.Where(b.unsqueeze(earlier, -1), to_r, b.const(EXP_FLOOR))), b.unsqueeze(k, -3))
+    k_cols = b.Mul(masked_decay_exp(b, b.unsqueeze(earlier, -1), to_r), b.unsqueeze(k, -3))
     k_cols_t = b.Transpose(k_cols, perm=[0, 1, 2, 3, 5, 4])  # [.., NB, K, C]
     mask = b.unsqueeze(b.Cast(earlier, to=1), 1)  # [NB, 1, C]
     kk_x = b.Mul(b.MatMul(b.Mul(kb, rows), k_cols_t), mask)  # [.., NB, c, C]
@@ -161,7 +170,7 @@ def _head_gates(b: Builder, q: str, k: str, g: str, C: str):
     """One decay per head: the pairwise exp(G_i - G_j) is [C, C], scores are matmuls."""
     G = b.CumSum(g, b.const(-1, "i64"))  # [B, H, NC, C]
     diff = b.Sub(b.unsqueeze(G, -1), b.unsqueeze(G, -2))
-    decay = decay_exp(b, b.Where(causal_mask(b, C), diff, b.const(EXP_FLOOR)))
+    decay = masked_decay_exp(b, causal_mask(b, C), diff)
     kt = b.Transpose(k, perm=[0, 1, 2, 4, 3])
     kk = b.Mul(b.MatMul(k, kt), decay)
     qk = b.Mul(b.MatMul(q, kt), decay)

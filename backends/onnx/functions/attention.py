@@ -15,8 +15,8 @@ def attend(b: Builder, q: str, k: str, v: str, scale) -> str:
     """softmax(q k^T * scale, causal) v: q [B, H, T, D], k [B, Hk, S, D], v [B, Hk, S, Dv]
     (Hk divides H) -> [B, H, T, Dv], by the standard `Attention` (opset 23) with the
     bottom-right mask as a boolean [T, S]: one fused kernel in onnxruntime instead of the
-    [B, H, T, S] scores written four times (MatMul, Mul, Where, Softmax); on a KDA/MLA user
-    layer's prefill (H = 4, T = S = 1024, D = 96) 33.6 ms -> 23.9 ms, the same output."""
+    [B, H, T, S] scores written four times (MatMul, Mul, Where, Softmax); one attention of
+    H = 4, T = S = 1024, D = 96 alone, side by side: 33.6 ms -> 23.9 ms, the same output."""
     T, S = b.shape_of(q, 2), b.shape_of(k, 2)
     zero, one = b.const(0, "i64"), b.const(1, "i64")
     t = b.unsqueeze(b.Range(zero, b.squeeze(T, 0), one), 1)

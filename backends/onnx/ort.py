@@ -19,8 +19,9 @@ import torch
 from ...ir import Graph, Node
 from ...ir import dims as D
 from ..tables import builtin
-from .builder import INT64_MAX, MS_DOMAIN, Builder, subgraph
+from .builder import MS_DOMAIN, Builder, subgraph
 from .functions.attention import absorbed_query, mla_keys_values
+from .functions.conv import short_conv
 from .functions.mlp import activation, moe_experts, sorted_slots
 from .standard import ones_like_last
 
@@ -130,19 +131,15 @@ def _conv_emit(lx, node):
 
 
 def _depthwise_emit(lx, node):
-    """Many tokens: the standard depthwise Conv (group = C) over [state ++ x] channels-first.
+    """Many tokens: the standard depthwise Conv (group = C) over [state ++ x] channels-first,
+    the portable body's form (functions/conv.py) inline with the weight's static C.
     onnxruntime's CausalConvWithState CPU kernel is about 4x slower than this at T = 1024
     (k3-small's widths); it keeps the one-token steps of decode, where it is the fastest."""
-    b = lx.b
     (x, w, state), (y, state_out) = _io(lx, node)
-    C, W = (int(d) for d in lx.type(node.inputs[1]).shape)
-    xp = b.Concat(state, b.Transpose(x, perm=[0, 2, 1]), axis=2)  # [B, C, W-1+T]
-    conv = b.Transpose(b.Conv(xp, b.unsqueeze(w, 1), group=C, kernel_shape=[W]), perm=[0, 2, 1])  # [B, T, C]
-    if lx.attrs(node)["activation"] == "silu":
-        b.Mul(conv, b.Sigmoid(conv), outputs=[y])
-    else:
-        b.Identity(conv, outputs=[y])
-    b.Slice(xp, b.shape_of(x, 1), b.ints([INT64_MAX]), b.ints([2]), outputs=[state_out])  # xp[..., T:]
+    C = int(lx.type(node.inputs[1]).shape[0])
+    out, tail = short_conv(lx.b, x, w, state, C, silu=lx.attrs(node)["activation"] == "silu")
+    lx.b.Identity(out, outputs=[y])
+    lx.b.Identity(tail, outputs=[state_out])
 
 
 # ---- rms_norm -> RMSNormalization ----------------------------------------------------------

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 import k3c
+from k3c.bench import settle
 from k3c.kernels.kda.chunk import chunk_kda
 from k3c.kernels.kda.naive import naive_recurrent_kda
 from k3c.numerics import rel_rms_err
@@ -88,6 +89,7 @@ def main() -> None:
                     errs[name] = rel_rms_err(fn()[0], ref)
                 for _ in range(args.repeat):
                     for name, fn in fns.items():
+                        settle()  # the last runner's threads idle first (k3c.bench.settle)
                         t0 = time.perf_counter()
                         fn()
                         best[name] = min(best[name], time.perf_counter() - t0)

@@ -26,6 +26,7 @@ import torch
 
 import k3c
 from k3c.backends.onnx import OnnxBackend
+from k3c.bench import settle
 from k3c.compiler import prepare
 from k3c.numerics import rel_rms_err
 
@@ -100,6 +101,7 @@ def main(argv=None) -> dict:
     best = {name: [None, float("inf"), float("inf")] for name in rounds}
     for r in range(args.repeat):  # rounds, each runner once a round: a shift of the machine's speed
         for name, (fn, obj) in rounds.items():  # over minutes falls on every runner alike
+            settle()  # the last runner's threads idle first (k3c.bench.settle)
             logits, t_pre, t_dec = fn(obj, prompt, steps)
             b = best[name]
             b[0], b[1], b[2] = logits, min(b[1], t_pre), min(b[2], t_dec)

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 import k3c
-from k3c.bench import best_of
+from k3c.bench import best_of, settle
 from k3c.generate import EagerRunner, generate
 
 
@@ -51,6 +51,7 @@ def decode_step_ms(compiled, model, P: int, steps: int, repeat: int) -> float:
 
     def run():
         state = filled_state(compiled, model, P)
+        settle()  # torch's fill of the caches leaves its threads spinning (k3c.bench.settle)
         with torch.no_grad():
             t0 = time.perf_counter()
             for _ in range(steps):

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 import k3c
-from k3c.bench import Progress, machine
+from k3c.bench import Progress, machine, settle
 from k3c.diff import format_table
 from k3c.models.common import GatedMLP, init_weights
 from k3c.models.kda_layer import KDAMixer
@@ -102,6 +102,7 @@ def measure(module, x, runners: dict, repeat: int, progress: Progress, name: str
             outs[k] = fn(x)
         for i in range(repeat):
             for k, fn in fns.items():
+                settle()  # the last runner's threads idle first (k3c.bench.settle)
                 t0 = time.perf_counter()
                 fn(x)
                 best[k] = min(best[k], time.perf_counter() - t0)

@@ -51,6 +51,18 @@ def machine() -> dict:
             "torch": torch.__version__, "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
 
 
+SETTLE_S = 0.05
+
+
+def settle(seconds: float = SETTLE_S) -> None:
+    """Sleep before timing the next runner of a side-by-side run. torch's OpenMP workers keep
+    spinning for a while after each parallel region, and on a 2-core machine they take the
+    cores from whatever runs next: an onnxruntime GEMM timed straight after a torch one took
+    23.4 ms, 16.0 ms after a 10 ms pause, 17.8 ms with no torch work before it (1024 x 512 x
+    3072, side by side). A runner that follows torch would otherwise pay for torch's threads."""
+    time.sleep(seconds)
+
+
 def _times(fn, warmup: int, repeats: int) -> list[float]:
     for _ in range(warmup):
         fn()

@@ -6,6 +6,7 @@ take no options.
     backend.supports(node, graph) -> (ok, reason)   read from its table in k3c.backends.tables
     backend.takes_whole             -> set of ops   recurrent ops it runs whole (not chunked)
     backend.chunk_by                -> str | None  "flops": the cost model picks the prefill form
+    backend.chunk_size              -> int | None  the chunk length its chunked pieces run fastest at
     backend.lower(graphs, out_dir)  -> Path        graphs: {"prefill": g, "decode": g} or {"forward": g}
     backend.load(out_dir)           -> Runner      runner.run("prefill", *inputs) -> outputs
 

@@ -133,8 +133,7 @@ def prepare(graphs: dict[str, Graph], be, passes: str | list[str] = "default",
 
     low = any(t.dtype in ("bf16", "f16") for g in graphs.values() for v, t in g.types.items() if v not in g.weights)
     compute = getattr(be, "compute_dtype", None) if low else None  # a BF16 model on a float32 backend
-    steps = passes_mod.for_backend(passes_mod.steps_of(passes), keep=getattr(be, "takes_whole", ()),
-                                    chunk_by=getattr(be, "chunk_by", None), compute=compute)
+    steps = passes_mod.for_backend(passes_mod.steps_of(passes), **passes_mod.backend_choices(be), compute=compute)
     recorded = passes if steps == passes_mod.steps_of(passes) else steps  # what an artifact says it ran
     out = {}
     for entry, g in graphs.items():

@@ -36,7 +36,7 @@ from .cost import COST_AT, Cost, graph_cost
 from .driver import Rule, apply_rules
 from .legalize import decompose_node, legalize
 from .pattern import Alt, Any, Const, Match, Op, Opt, Product, Weight, maybe_cast
-from .pipeline import PassReport, PassVerifyError, check_steps, for_backend, format_report, run_pipeline
+from .pipeline import PassReport, PassVerifyError, backend_choices, check_steps, for_backend, format_report, run_pipeline
 from .registry import PASSES, register_pass, rule_pass
 
 PIPELINES: Registry = Registry("pipeline")

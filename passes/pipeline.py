@@ -71,22 +71,34 @@ def check_steps(steps: list, stop_after: str | None = None, dump_after: str | No
     return parsed
 
 
-def for_backend(steps: list, keep=(), compute: str | None = None, chunk_by: str | None = None) -> list:
+def backend_choices(be) -> dict:
+    """What a backend says about the pipeline it runs (k3c.backends.base): the recurrent ops
+    it takes whole (`takes_whole`), whether the cost model picks the prefill form
+    (`chunk_by`), and the chunk length its chunked pieces run fastest at (`chunk_size`)."""
+    return {"keep": getattr(be, "takes_whole", ()), "chunk_by": getattr(be, "chunk_by", None),
+            "chunk_size": getattr(be, "chunk_size", None)}
+
+
+def for_backend(steps: list, keep=(), compute: str | None = None, chunk_by: str | None = None,
+                chunk_size: int | None = None) -> list:
     """`steps` as a backend needs them: the ops it takes whole (`keep`) stay whole through
     chunk-delta-rule (the one place the prefill form is decided), a backend that lets the
-    cost model pick the form (`chunk_by="flops"`) says so to that pass unless the pipeline
-    already does, and a backend that computes in one dtype (`compute`: the CPU backends'
-    float32) gets compute-dtype before the final sweep. Steps stay text, so the pipeline an
-    artifact records reads back."""
+    cost model pick the form (`chunk_by="flops"`) or prefers a chunk length (`chunk_size`)
+    says so to that pass unless the pipeline already does, and a backend that computes in
+    one dtype (`compute`: the CPU backends' float32) gets compute-dtype before the final
+    sweep. Steps stay text, so the pipeline an artifact records reads back."""
     keep = sorted(set(keep))
     out = []
     for step in steps:
         name, opts = parse_step(step)
-        if name == "chunk-delta-rule" and keep:
-            opts = {**opts, "keep": sorted(set(opts.get("keep", [])) | set(keep))}
-            step = format_step(name, opts)
-        if name == "chunk-delta-rule" and chunk_by is not None and "by" not in opts:
-            step = format_step(name, {**opts, "by": chunk_by})
+        if name == "chunk-delta-rule":
+            if keep:
+                opts = {**opts, "keep": sorted(set(opts.get("keep", [])) | set(keep))}
+            if chunk_by is not None and "by" not in opts:
+                opts = {**opts, "by": chunk_by}
+            if chunk_size is not None and "chunk_size" not in opts:
+                opts = {**opts, "chunk_size": int(chunk_size)}
+            step = format_step(name, opts) if opts != parse_step(step)[1] else step
         out.append(step)
     if compute is not None and not any(parse_step(s)[0] == "compute-dtype" for s in out):
         at = len(out) - 1 if out and parse_step(out[-1])[0] == "dce" else len(out)

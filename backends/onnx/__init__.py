@@ -42,6 +42,16 @@ class OnnxBackend:
         return ("onnx:ort", "onnx") if self.flavour == "ort" else ("onnx",)
 
     @property
+    def chunk_size(self) -> int:
+        """The chunk length of the chunked delta rule's bodies (both flavours run them for the
+        ops onnxruntime has no kernel for): 32, not the pass's default 64. With C = 32 the
+        bodies' [.., C, C] and [.., NB, C, K] tensors are half as large and the Scan over the
+        chunks twice as long; side by side (kda, K = V = 64, portable) C = 32 took 0.82x to 0.96x
+        the time of C = 64 at every H in {4, 16} and T in {512, 2048, 8192} (BENCHMARKS.md),
+        and C = 16 no less than C = 32."""
+        return 32
+
+    @property
     def takes_whole(self) -> frozenset[str]:
         """Recurrent ops this flavour runs whole in prefill too: those onnxruntime's own kernel
         (LinearAttention) maps, so the chunk-delta-rule pass leaves them alone."""

@@ -73,8 +73,7 @@ def compile_mesh(model: torch.nn.Module, backend: str, example_inputs: tuple, me
     if flavour:
         options = {"flavour": flavour, **options}
     be = backends.get(backend, **options)
-    steps = passes_mod.for_backend(passes_mod.steps_of(passes), keep=getattr(be, "takes_whole", ()),
-                                    chunk_by=getattr(be, "chunk_by", None))
+    steps = passes_mod.for_backend(passes_mod.steps_of(passes), **passes_mod.backend_choices(be))
     out = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix=f"k3c-mesh-{backend}-"))
     out.mkdir(parents=True, exist_ok=True)
     ranks = []

@@ -77,9 +77,10 @@ def test_cli_compile_writes_the_artifact(tmp_path, capsys):
     from k3c.backends.onnx import OnnxBackend
 
     # the ort flavour takes the recurrent ops whole: the pipeline it ran says so
-    ran = k3c.passes.for_backend(k3c.passes.steps_of("default"), keep=OnnxBackend("ort").takes_whole)
+    ran = k3c.passes.for_backend(k3c.passes.steps_of("default"), **k3c.passes.backend_choices(OnnxBackend("ort")))
     assert m["flavour"] == "ort" and m["model"] == "linear-attn-tiny" and m["pipeline"] == ran
-    assert 'chunk-delta-rule{keep=["delta_rule", "gated_delta_rule", "kda", "linear_attention"]}' in ran
+    assert ('chunk-delta-rule{keep=["delta_rule", "gated_delta_rule", "kda", "linear_attention"], chunk_size=32}'
+            in ran), ran
     assert m["state"] == ["layers.0.S", "layers.0.z", "layers.1.S", "layers.1.z"]
     for entry in ("prefill", "decode"):
         onnx.checker.check_model(str(out / f"{entry}.onnx"), full_check=True)

@@ -59,6 +59,20 @@ def test_tvm_asks_for_the_cost_models_choice_on_a_cpu_only():
     assert passes.for_backend(said, chunk_by="flops") == said
 
 
+def test_onnx_asks_for_its_chunk_length_unless_the_pipeline_says_one():
+    onnx = passes.backend_choices(get("onnx"))
+    assert onnx["chunk_size"] == 32
+    on_onnx = passes.for_backend(passes.steps_of("default"), **onnx)
+    assert "chunk-delta-rule{chunk_size=32}" in on_onnx
+    said = ["chunk-delta-rule{chunk_size=16}"]
+    assert passes.for_backend(said, **onnx) == said
+    # the ort flavour asks for the same length and keeps what onnxruntime's kernel runs whole
+    ort = passes.for_backend(passes.steps_of("default"), **passes.backend_choices(get("onnx", flavour="ort")))
+    step = next(s for s in ort if s.startswith("chunk-delta-rule"))
+    assert "chunk_size=32" in step and "keep=" in step
+    assert passes.backend_choices(get("tvm"))["chunk_size"] is None
+
+
 def test_a_bad_choice_is_a_clear_error():
     with pytest.raises(ValueError, match="by must be one of"):
         passes.run(delta_graph("kda", 8, 6), ['chunk-delta-rule{by="speed"}'])

@@ -60,15 +60,16 @@ SUBST_BLOCK = 16  # rows per block of the blocked forward substitution (when it 
 
 def _row_substitution(b: Builder, L: str, n: str, rank: int) -> str:
     """(I + L)^-1 of strictly lower-triangular [..., n, n] blocks, row by row (a Loop over n):
-    row i of N = inverse - I is -(L[i] + L[i] N)."""
+    row i of N = inverse - I is -(L[i] + L[i] N). The body is eight nodes: the row of L and
+    the one-hot column that places the new row are gathered by i (the identity's columns are
+    made once, outside the Loop)."""
+    cols = b.unsqueeze(b.EyeLike(b.ConstantOfShape(b.Concat(n, n, axis=0)), dtype=1), -1)  # [n, n, 1]
     s = Builder("subst")
     it, cnd = loop_counter(s)
     i, cond, N = it[0], cnd[0], s.fresh("N")
-    l_i = s.Gather(L, i, axis=-2)  # [..., n]
-    r = s.Neg(s.Add(l_i, s.squeeze(s.MatMul(s.unsqueeze(l_i, -2), N), -2)))
-    rows = s.Range(s.const(0, "i64"), s.squeeze(n, 0), s.const(1, "i64"))
-    onehot = s.unsqueeze(s.Cast(s.Equal(rows, i), to=1), -1)  # [n, 1]
-    N_next = s.Add(N, s.Mul(onehot, s.unsqueeze(r, -2)))
+    l_i = s.Gather(L, s.unsqueeze(i, 0), axis=-2)  # [..., 1, n]
+    onehot = s.Gather(cols, i, axis=0)  # [n, 1]
+    N_next = s.Sub(N, s.Mul(onehot, s.Add(l_i, s.MatMul(l_i, N))))
     cond_out = s.Identity(cond)
     body = subgraph(s, "row_substitution", [it, cnd, (N, "f32", rank)], [(cond_out, "bool", []),
                                                                         (N_next, "f32", rank)])

@@ -36,7 +36,15 @@ from .cost import COST_AT, Cost, graph_cost
 from .driver import Rule, apply_rules
 from .legalize import decompose_node, legalize
 from .pattern import Alt, Any, Const, Match, Op, Opt, Product, Weight, maybe_cast
-from .pipeline import PassReport, PassVerifyError, backend_choices, check_steps, for_backend, format_report, run_pipeline
+from .pipeline import (
+    PassReport,
+    PassVerifyError,
+    backend_choices,
+    check_steps,
+    for_backend,
+    format_report,
+    run_pipeline,
+)
 from .registry import PASSES, register_pass, rule_pass
 
 PIPELINES: Registry = Registry("pipeline")
@@ -76,7 +84,7 @@ def run(graph: Graph, pipeline: str | list[str] = "default", *, verify_each: boo
                         dump_after=dump_after, report=report)
 
 
-__all__ = ["run", "check_pipeline", "steps_of", "for_backend", "legalize", "decompose_node", "PIPELINES", "PASSES",
-           "register_pass", "rule_pass", "apply_rules", "Rule", "Builder", "Match", "Op", "Opt", "Any", "Const",
-           "Weight", "Alt", "Product", "maybe_cast", "PassReport", "PassVerifyError", "format_report", "COST_AT",
-           "Cost", "graph_cost"]
+__all__ = ["run", "check_pipeline", "steps_of", "for_backend", "backend_choices", "legalize", "decompose_node",
+           "PIPELINES", "PASSES", "register_pass", "rule_pass", "apply_rules", "Rule", "Builder", "Match", "Op", "Opt",
+           "Any", "Const", "Weight", "Alt", "Product", "maybe_cast", "PassReport", "PassVerifyError", "format_report",
+           "COST_AT", "Cost", "graph_cost"]

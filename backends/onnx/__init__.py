@@ -48,7 +48,7 @@ class OnnxBackend:
         bodies' [.., C, C] and [.., NB, C, K] tensors are half as large and the Scan over the
         chunks twice as long; side by side (kda, K = V = 64, portable) C = 32 took 0.82x to 0.96x
         the time of C = 64 at every H in {4, 16} and T in {512, 2048, 8192} (BENCHMARKS.md),
-        and C = 16 no less than C = 32."""
+        and C = 16 was no faster overall (8% faster to 14% slower than 32)."""
         return 32
 
     @property

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
 import sys
 import tempfile
 import time
@@ -144,10 +145,9 @@ def main(argv=None) -> int:
         lines.append([name, f"{r['eager']['seconds'] * 1e3:.1f}"]
                      + [f"{r[b]['seconds'] * 1e3:.1f} ({r[b]['ratio_vs_eager']:.2f}x)" for b in backends])
     print(format_table(lines))
-    # a NaN error is the worst of all (max() would pass over it)
-    worst = max(((e if e == e else float("inf")), e, name, b) for name, r in results.items() for b in backends
-                for e in [r[b]["rel_rms_err"]])
-    print(f"largest rel RMS error vs eager: {worst[1]:.1e} ({worst[2]}, {worst[3]})")
+    errs = [(r[b]["rel_rms_err"], name, b) for name, r in results.items() for b in backends]
+    worst = max(errs, key=lambda e: math.inf if math.isnan(e[0]) else e[0])  # a NaN error is the worst
+    print(f"largest rel RMS error vs eager: {worst[0]:.1e} ({worst[1]}, {worst[2]})")
     if args.json:
         Path(args.json).write_text(json.dumps({"seq_len": args.seq_len, "machine": m, "rows": results}, indent=1))
     return 0

@@ -90,7 +90,8 @@ def for_backend(steps: list, keep=(), compute: str | None = None, chunk_by: str 
     keep = sorted(set(keep))
     out = []
     for step in steps:
-        name, opts = parse_step(step)
+        name, given = parse_step(step)
+        opts = given
         if name == "chunk-delta-rule":
             if keep:
                 opts = {**opts, "keep": sorted(set(opts.get("keep", [])) | set(keep))}
@@ -98,7 +99,7 @@ def for_backend(steps: list, keep=(), compute: str | None = None, chunk_by: str 
                 opts = {**opts, "by": chunk_by}
             if chunk_size is not None and "chunk_size" not in opts:
                 opts = {**opts, "chunk_size": int(chunk_size)}
-            step = format_step(name, opts) if opts != parse_step(step)[1] else step
+            step = format_step(name, opts) if opts != given else step
         out.append(step)
     if compute is not None and not any(parse_step(s)[0] == "compute-dtype" for s in out):
         at = len(out) - 1 if out and parse_step(out[-1])[0] == "dce" else len(out)

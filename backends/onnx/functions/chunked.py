@@ -130,7 +130,7 @@ def _block_diagonal(b: Builder, x: str, NB: str, C: str, lead: str) -> str:
 def _channel_gates(b: Builder, q: str, k: str, g: str, C: str):
     """Per-channel decays exp(G_i - G_j), j <= i, with no exponent above 0 (no overflow however
     strong the decay). In blocks of c rows (as the reference's binary split, one level): pairs
-    in one block are pairwise (masked before the exp); a pair with j in an earlier block goes
+    in one block are pairwise (clipped to exponents <= 0 before the exp); a pair with j in an earlier block goes
     through the block's first row r: exp(G_i - G_r) exp(G_r - G_j), both factors <= 1, so those
     scores are matmuls. Memory C c K per chunk instead of C^2 K."""
     G = b.CumSum(g, b.const(-2, "i64"))  # [B, H, NC, C, K]

@@ -13,6 +13,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -52,15 +53,50 @@ def machine() -> dict:
 
 
 SETTLE_S = 0.05
+SETTLE_MAX_S = 2.0
+_TICK_S = 1.0 / (os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100)
+
+
+def _other_threads_cpu() -> int | None:
+    """CPU clock ticks used so far by this process's threads other than the caller (Linux
+    /proc); None where that cannot be read."""
+    me = str(threading.get_native_id())
+    total = 0
+    try:
+        for tid in os.listdir("/proc/self/task"):
+            if tid == me:
+                continue
+            try:
+                with open(f"/proc/self/task/{tid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:  # the thread ended
+                continue
+            total += int(fields[11]) + int(fields[12])  # utime + stime
+    except OSError:
+        return None
+    return total
 
 
 def settle(seconds: float = SETTLE_S) -> None:
-    """Sleep before timing the next runner of a side-by-side run. torch's OpenMP workers keep
-    spinning for a while after each parallel region, and on a 2-core machine they take the
-    cores from whatever runs next: an onnxruntime GEMM timed straight after a torch one took
-    23.4 ms, 16.0 ms after a 10 ms pause, 17.8 ms with no torch work before it (1024 x 512 x
-    3072, side by side). A runner that follows torch would otherwise pay for torch's threads."""
+    """Wait before timing the next runner of a side-by-side run, until the worker threads of
+    the runners before it have stopped spinning: at least `seconds`, then until no other
+    thread of this process has used the CPU for three clock ticks in a row (at most
+    SETTLE_MAX_S). Thread pools keep spinning after a call, and on a 2-core machine they take
+    the cores from whatever runs next: an onnxruntime GEMM timed straight after a torch one
+    took 23.4 ms, 16.0 ms after a 10 ms pause, 17.8 ms with no torch work before it (1024 x
+    512 x 3072, side by side); TVM's pool spins for about 200 ms after each call (a 1 s
+    sleep after a KDA kernel: 180 to 210 ms of CPU in its worker). Where /proc cannot be
+    read it sleeps `seconds`."""
     time.sleep(seconds)
+    last = _other_threads_cpu()
+    if last is None:
+        return
+    quiet, deadline = 0, time.monotonic() + SETTLE_MAX_S
+    while quiet < 3 and time.monotonic() < deadline:
+        time.sleep(_TICK_S)
+        now = _other_threads_cpu()
+        quiet = quiet + 1 if now == last else 0
+        last = now
 
 
 def _times(fn, warmup: int, repeats: int) -> list[float]:

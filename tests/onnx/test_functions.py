@@ -55,8 +55,9 @@ def test_recurrent_chunked(op, T, flavour):
 @pytest.mark.parametrize("chunk_size", [20, 48, 64], ids=lambda c: f"C{c}")
 @pytest.mark.parametrize("op", ["kda", "gated_delta_rule"])
 def test_chunk_sizes(op, chunk_size):
-    """The forward substitution runs in blocks of 16 rows when 16 divides C (48, 64: three
-    and four blocks), else as one block (20); both against the recurrence, T = 130."""
+    """The WY inverse pads C up to a power of two (20 -> 32, 48 -> 64; 64 as it is) and the
+    in-block decay pairs go in blocks of 8 rows when 8 divides C (48, 64), else in one block
+    (20); all against the recurrence, T = 130 and 70."""
     check(recurrent_case(op, T=130), chunk_size=chunk_size)
     check(recurrent_case(op, T=70), evaluator=True, chunk_size=chunk_size)
 
@@ -124,6 +125,19 @@ def test_short_conv_split_resume():
 @pytest.mark.parametrize("gate", ["channel", "head", "none", "linear"])
 def test_chunk_prepare(gate):
     check(chunk_prepare_case(gate), evaluator=True)
+
+
+@pytest.mark.parametrize("chunk_size", [20, 32, 64], ids=lambda c: f"C{c}")
+def test_chunk_prepare_repeated_keys(chunk_size):
+    """The hardest case for the WY inverse: every key of a head the same (I + L has its
+    largest inverse entries, beta 0.99 and no decay between neighbours), against the
+    interpreter's forward substitution; C = 20 and 32 pad the blocks to a power of two."""
+    case = chunk_prepare_case("channel", T=70, chunk_size=chunk_size)
+    q, k, v, beta, g = case.inputs
+    case.inputs[1] = k[:, :1].expand_as(k).contiguous()
+    case.inputs[3] = torch.full_like(beta, 0.99)
+    case.inputs[4] = g * 1e-3
+    check(case, evaluator=True)
 
 
 @pytest.mark.parametrize("per_channel", [True, False], ids=["decay-per-channel", "decay-per-head"])

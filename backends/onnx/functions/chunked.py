@@ -4,8 +4,8 @@ chunk_output, k3c.kernels.delta_chunk in ONNX).
 
 Between the pieces tensors are in chunk layout [B, H, NC, C, ...] with NC = ceil(T / C)
 computed at run time, so one artifact serves every T. The WY/UT transform
-A = (I + L)^-1 diag(beta) is a forward substitution (a Loop over the C rows), never a
-general inverse; pairwise decays exp(G_i - G_j) are masked before the exp.
+A = (I + L)^-1 diag(beta) is a recursive block substitution (a Loop over the log2 C
+levels), never a general inverse; pairwise decays exp(G_i - G_j) have exponents <= 0.
 """
 
 from __future__ import annotations
@@ -55,68 +55,55 @@ def causal_mask(b: Builder, C: str, strict: bool = False) -> str:
     return b.Less(j, i) if strict else b.Not(b.Greater(j, i))
 
 
-SUBST_BLOCK = 16  # rows per block of the blocked forward substitution (when it divides C)
-
-
-def _row_substitution(b: Builder, L: str, n: str, rank: int) -> str:
-    """(I + L)^-1 of strictly lower-triangular [..., n, n] blocks, row by row (a Loop over n):
-    row i of N = inverse - I is -(L[i] + L[i] N). The body is eight nodes: the row of L and
-    the one-hot column that places the new row are gathered by i (the identity's columns are
-    made once, outside the Loop)."""
-    cols = b.unsqueeze(b.EyeLike(b.ConstantOfShape(b.Concat(n, n, axis=0)), dtype=1), -1)  # [n, n, 1]
-    s = Builder("subst")
-    it, cnd = loop_counter(s)
-    i, cond, N = it[0], cnd[0], s.fresh("N")
-    l_i = s.Gather(L, s.unsqueeze(i, 0), axis=-2)  # [..., 1, n]
-    onehot = s.Gather(cols, i, axis=0)  # [n, 1]
-    N_next = s.Sub(N, s.Mul(onehot, s.Add(l_i, s.MatMul(l_i, N))))
-    cond_out = s.Identity(cond)
-    body = subgraph(s, "row_substitution", [it, cnd, (N, "f32", rank)], [(cond_out, "bool", []),
-                                                                        (N_next, "f32", rank)])
-    N = b.op("Loop", [b.squeeze(n, 0), b.const(True, "bool"), b.Mul(L, b.const(0.0))], 1, body=body)
-    return b.Add(N, b.EyeLike(b.ConstantOfShape(b.Concat(n, n, axis=0)), dtype=1))
+PAIR_BLOCK = 8  # rows per block of the pairwise in-block decays (when it divides C)
 
 
 def unit_lower_inverse(b: Builder, L: str, C: str) -> str:
-    """(I + L)^-1 for a strictly lower-triangular L [B, H, NC, C, C] by blocked forward
-    substitution (as k3c.kernels.delta_chunk.unit_lower_inverse): rows first inside the
-    diagonal blocks of 16 (all blocks at once), then block row by block row,
-    T[P, :P] = -T[P, P] L[P, :P] T[:P, :P]. When 16 does not divide C it is one block."""
+    """(I + L)^-1 for a strictly lower-triangular L [B, H, NC, C, C] by recursive blocking:
+    the inverses of the diagonal blocks of w rows give those of 2w rows,
+    [[T11, 0], [T21, T22]] with T21 = -T22 L21 T11, from w = 1 (all blocks of a level at
+    once, a Loop of log2 P levels for C padded to the power of two P). The same algebra as
+    the blocked forward substitution of k3c.kernels.delta_chunk, in log2 C steps instead of
+    C rows; never a general inverse."""
     one = b.ints([1])
-    bs, NB = _blocks(b, C)
     lead = b.Shape(L, end=3)  # [B, H, NC]
-    blocks = b.Transpose(b.Reshape(L, b.Concat(lead, NB, bs, NB, bs, axis=0)), perm=[0, 1, 2, 3, 5, 4, 6])
-    flat = b.Reshape(blocks, b.Concat(lead, b.Mul(NB, NB), bs, bs, axis=0))  # [.., NB * NB, bs, bs]
-    on_diag = b.Mul(b.Range(b.const(0, "i64"), b.squeeze(NB, 0), b.const(1, "i64")), b.squeeze(b.Add(NB, one), 0))
-    T_diag = _row_substitution(b, b.Gather(flat, on_diag, axis=3), bs, 6)  # [.., NB, bs, bs]
-    T0 = b.Reshape(_block_diagonal(b, T_diag, NB, C, lead), b.Concat(lead, C, C, axis=0))
+    levels = b.Cast(b.Ceil(b.Sub(b.Div(b.Log(b.Cast(C, to=1)), b.const(0.6931471805599453)), b.const(1e-4))), to=7)
+    P = b.Cast(b.Pow(b.const(2.0), b.Cast(levels, to=1)), to=7)  # [1]
+    pad = b.Sub(P, C)
+    flat = b.Reshape(b.Pad(L, b.Concat(b.ints([0] * 8), pad, pad, axis=0)), b.Concat(lead, b.Mul(P, P), axis=0))
 
-    s = Builder("block_rows")
+    s = Builder("merge_blocks")
     it, cnd = loop_counter(s)
-    p, cond, T = it[0], cnd[0], s.fresh("T")
-    p1 = s.unsqueeze(p, 0)
-    start = s.Mul(p1, bs)
-    L_p = s.Slice(L, start, s.Add(start, bs), s.ints([-2]))  # [.., bs, C]
-    cols = s.Range(s.const(0, "i64"), s.squeeze(C, 0), s.const(1, "i64"))
-    earlier = s.Cast(s.Less(cols, start), to=1)  # columns of the blocks before p
-    X = s.MatMul(s.Mul(L_p, earlier), T)  # L[P, :P] T[:P, :P], [.., bs, C]
-    T_pp = s.Gather(T_diag, p, axis=3)  # T[P, P], [.., bs, bs]
-    R = s.Neg(s.MatMul(T_pp, X))
-    pads = s.Concat(s.ints([0, 0, 0]), start, s.ints([0, 0, 0, 0]), s.Sub(C, s.Add(start, bs)), s.ints([0]), axis=0)
-    T_next = s.Add(T, s.Pad(R, pads))  # R into rows P
-    cond_out = s.Identity(cond)
-    body = subgraph(s, "block_row_substitution", [it, cnd, (T, "f32", 5)], [(cond_out, "bool", []),
-                                                                              (T_next, "f32", 5)])
-    return b.op("Loop", [b.squeeze(NB, 0), b.const(True, "bool"), T0], 1, body=body)
+    D = s.fresh("D")  # [.., n, w, w]: the inverses of the n diagonal blocks of w rows
+    w = s.Shape(D, start=-1)
+    h = s.Div(s.Shape(D, start=-3, end=-2), s.ints([2]))  # blocks of the next level
+
+    def rng(m):
+        return s.Range(s.const(0, "i64"), s.squeeze(m, 0), s.const(1, "i64"))
+
+    T11, T22 = (s.squeeze(x, -3) for x in s.Split(s.Reshape(D, s.Concat(lead, h, s.ints([2]), w, w, axis=0)),
+                                                    outputs=2, axis=-3, num_outputs=2))  # [.., h, w, w]
+    base = s.Mul(s.Mul(s.unsqueeze(rng(h), 1, 2), s.ints([2])), w)  # 2 j w, [h, 1, 1]
+    rows = s.Add(s.Add(base, w), s.unsqueeze(rng(w), 0, 2))  # (2j + 1) w + a
+    L21 = s.Gather(flat, s.Add(s.Mul(rows, P), s.Add(base, s.unsqueeze(rng(w), 0, 1))), axis=3)  # [.., h, w, w]
+    T21 = s.Neg(s.MatMul(T22, s.MatMul(L21, T11)))
+    D_next = s.Concat(s.Concat(T11, s.Mul(T11, s.const(0.0)), axis=-1), s.Concat(T21, T22, axis=-1), axis=-2)
+    cond_out = s.Identity(cnd[0])
+    body = subgraph(s, "merge_diagonal_blocks", [it, cnd, (D, "f32", 6)], [(cond_out, "bool", []),
+                                                                             (D_next, "f32", 6)])
+    D0 = b.Expand(b.const(1.0), b.Concat(lead, P, one, one, axis=0))  # blocks of one row: 1
+    D = b.op("Loop", [b.squeeze(levels, 0), b.const(True, "bool"), D0], 1, body=body)  # [.., 1, P, P]
+    return b.Slice(b.Reshape(D, b.Concat(lead, P, P, axis=0)), b.ints([0, 0]), b.Concat(C, C, axis=0),
+                   b.ints([-2, -1]))
 
 
 def _last(b: Builder, G: str, axis: int) -> str:
     return b.Slice(G, b.ints([-1]), b.ints([INT64_MAX]), b.ints([axis]))
 
 
-def _blocks(b: Builder, C: str) -> tuple[str, str]:
-    """(block size, block count): blocks of 16 rows when 16 divides C, else one block of C."""
-    bs = b.Where(b.Equal(b.Mod(C, b.ints([SUBST_BLOCK])), b.ints([0])), b.ints([SUBST_BLOCK]), C)
+def _blocks(b: Builder, C: str, size: int) -> tuple[str, str]:
+    """(block size, block count): blocks of `size` rows when it divides C, else one block of C."""
+    bs = b.Where(b.Equal(b.Mod(C, b.ints([size])), b.ints([0])), b.ints([size]), C)
     return bs, b.Div(C, bs)
 
 
@@ -135,7 +122,7 @@ def _channel_gates(b: Builder, q: str, k: str, g: str, C: str):
     scores are matmuls. Memory C c K per chunk instead of C^2 K."""
     G = b.CumSum(g, b.const(-2, "i64"))  # [B, H, NC, C, K]
     lead = b.Shape(G, end=3)
-    c, NB = _blocks(b, C)
+    c, NB = _blocks(b, C, PAIR_BLOCK)
     K = b.Shape(G, start=-1)
     blocked = b.Concat(lead, NB, c, K, axis=0)
     Gb, qb, kb = (b.Reshape(x, blocked) for x in (G, q, k))  # [.., NB, c, K]

@@ -7,11 +7,14 @@ Rows: one `nn.Linear(512, 3072)`, a `GatedMLP(512, 1536)` (SiLU-GLU), one KDA la
 layer of the zoo's mixers (d = 512, 4 heads of 64 / MLA ranks 128), each on `[1, T, 512]`, and
 `examples/diff_my_model.py`'s hybrid (two KDA layers and an MLA layer with latent MoE, d = 64)
 on `[1, T]` token ids (its prefill). Each module is compiled once per backend with the
-default capture (dynamic B and T); then, `--repeat` times, every runner (eager first) runs the
-same input once in turn, and each keeps its fastest time, so a load that comes and goes on a
-shared machine hits all of them alike. Ratios are eager seconds / backend seconds (> 1: the
-backend is faster); each backend's output is compared with eager's (rel RMS), so a fast wrong
-answer shows. Not a test: nothing is asserted.
+default capture (dynamic B and T); then, in each of `--repeat` rounds, every runner (eager
+among them, each round starting one runner later) takes its turn on the same input:
+`k3c.bench.timed_turn` settles, makes one untimed call, then times one. The table gives each
+runner's fastest time and, as its ratio, the median over the rounds of eager seconds /
+backend seconds in the same round (> 1: the backend is faster), so a slow spell of a shared
+machine that spans a round hits both sides of a ratio.
+Each backend's output is compared with eager's (rel RMS), so a fast wrong answer shows. Not a
+test: nothing is asserted.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import argparse
 import importlib.util
 import json
 import math
+import statistics
 import sys
 import tempfile
 import time
@@ -28,7 +32,7 @@ from pathlib import Path
 import torch
 
 import k3c
-from k3c.bench import Progress, machine, settle
+from k3c.bench import Progress, machine, timed_turn
 from k3c.diff import format_table
 from k3c.models.common import GatedMLP, init_weights
 from k3c.models.kda_layer import KDAMixer
@@ -95,19 +99,20 @@ def compile_all(name: str, module, x, backends, root: Path, progress: Progress) 
 def measure(module, x, runners: dict, repeat: int, progress: Progress, name: str) -> dict:
     is_lm = hasattr(module, "prefill")
     fns = {"eager": _call(module, is_lm), **{k: _call(r, is_lm) for k, (r, _) in runners.items()}}
-    best = dict.fromkeys(fns, float("inf"))
+    times = {k: [] for k in fns}
     outs = {}
     with torch.no_grad():
         for k, fn in fns.items():  # warm-up: first-run allocations, thread pools, sessions
             outs[k] = fn(x)
+        names = list(fns)
         for i in range(repeat):
-            for k, fn in fns.items():
-                settle()  # the last runner's threads idle first (k3c.bench.settle)
-                t0 = time.perf_counter()
-                fn(x)
-                best[k] = min(best[k], time.perf_counter() - t0)
+            for k in names[i % len(names):] + names[:i % len(names)]:  # each round starts one later
+                times[k].append(timed_turn(lambda fn=fns[k]: fn(x)))  # settle, an untimed call, the timed one
             progress.step(f"{name}: round {i + 1}/{repeat}")
-    return {k: {"seconds": best[k], "ratio_vs_eager": best["eager"] / best[k],
+    # each round's eager time over the backend's time in that round, then the median of
+    # those: a slow spell of the machine that spans a round hits both sides of its ratio
+    ratios = {k: statistics.median(e / t for e, t in zip(times["eager"], times[k])) for k in fns}
+    return {k: {"seconds": min(times[k]), "ratio_vs_eager": ratios[k], "times": times[k],
                 "rel_rms_err": rel_rms_err(outs[k].float(), outs["eager"].float())} for k in fns}
 
 
@@ -116,7 +121,7 @@ def main(argv=None) -> int:
     p.add_argument("--seq-len", type=int, default=1024)
     p.add_argument("--rows", default="linear,gated-mlp,kda-layer,mla-layer,hybrid")
     p.add_argument("--backends", default=",".join(BACKENDS))
-    p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--repeat", type=int, default=9)
     p.add_argument("--json", help="write the figures here")
     args = p.parse_args(argv)
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
@@ -137,7 +142,8 @@ def main(argv=None) -> int:
                 results[name][spec]["compile_seconds"] = secs
     progress.close()
     m = machine()
-    print(f"user modules, T = {args.seq_len}, B = 1, fastest of {args.repeat}; {m['processor']} ({m['cpus']} CPUs, "
+    print(f"user modules, T = {args.seq_len}, B = 1, {args.repeat} rounds: fastest ms, median of the "
+          f"rounds' eager/backend ratios; {m['processor']} ({m['cpus']} CPUs, "
           f"torch {m['torch']}, {m['torch_threads']} threads)")
     head = ["row", "eager ms"] + [f"{b} ms (x eager)" for b in backends]
     lines = [head]

@@ -99,6 +99,20 @@ def settle(seconds: float = SETTLE_S) -> None:
         last = now
 
 
+def timed_turn(fn) -> float:
+    """Seconds of one call of `fn` in a side-by-side run, where runners take turns: settle
+    (the last runner's threads stop spinning), one untimed call, then the timed one. The
+    untimed call pays for what the runner before left behind (its heap trimmed to the OS,
+    so this one's outputs page-fault again; caches full of its weights): right after a TVM
+    call and a settle, a torch `Linear(512, 3072)` on [1, 1024, 512] took 31 to 48 ms with
+    3072 page faults, against 23 to 27 ms before any TVM call and 2 s after one."""
+    settle()
+    fn()
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
 def _times(fn, warmup: int, repeats: int) -> list[float]:
     for _ in range(warmup):
         fn()

@@ -62,10 +62,29 @@ def test_chunk_sizes(op, chunk_size):
     check(recurrent_case(op, T=70), evaluator=True, chunk_size=chunk_size)
 
 
+@pytest.mark.parametrize("chunk_size", [16, 32], ids=lambda c: f"C{c}")
+def test_factored_decays_near_their_limit(chunk_size):
+    """KDA's scores go as exp(G_i) exp(-G_j) while no chunk decays by more than FACTOR_SPAN
+    (64) in a channel: here every chunk decays by 56 to 60 (log-decays of about 3.6 per token
+    at C = 16, 1.8 at C = 32), factors out to e^-60 and e^60, against the recurrence."""
+    from k3c.backends.onnx.functions.chunked import FACTOR_SPAN
+
+    case = recurrent_case("kda", T=130)
+    q, k, v, g, beta, S = case.inputs
+    per_token = 57.0 / chunk_size
+    g = -(per_token + 0.2 * torch.rand(g.shape, generator=torch.Generator().manual_seed(1)) / chunk_size)
+    spans = -torch.nn.functional.pad(g, (0, 0, 0, 0, 0, -130 % chunk_size)).unflatten(1, (-1, chunk_size)).sum(2)
+    assert 56.0 < spans.max() < FACTOR_SPAN  # the factored branch, near its limit
+    case.inputs[3] = g
+    check(case, chunk_size=chunk_size)
+    check(case, flavour="portable", evaluator=True, chunk_size=chunk_size)
+
+
 @pytest.mark.parametrize("op", ["kda", "gated_delta_rule"])
 def test_strong_decay_stays_finite(op):
     """log-decays down to -40 per token: cumulative gates reach -2500 within a chunk, where
-    exp(G_i) * exp(-G_j) would overflow; every factor here has an exponent <= 0."""
+    exp(G_i) * exp(-G_j) would overflow; KDA takes the pairwise branch here, whose every
+    factor has an exponent <= 0."""
     check(recurrent_case(op, T=130, g_scale=40.0), chunk_size=64)
 
 

@@ -114,13 +114,42 @@ def _block_diagonal(b: Builder, x: str, NB: str, C: str, lead: str) -> str:
     return b.Reshape(spread, b.Concat(lead, NB, b.Shape(x, start=-2, end=-1), C, axis=0))
 
 
+FACTOR_SPAN = 64.0  # largest decay span of a chunk scored as exp(G_i) exp(-G_j)
+
+
 def _channel_gates(b: Builder, q: str, k: str, g: str, C: str):
-    """Per-channel decays exp(G_i - G_j), j <= i, with no exponent above 0 (no overflow however
-    strong the decay). In blocks of c rows (as the reference's binary split, one level): pairs
-    in one block are pairwise (clipped to exponents <= 0 before the exp); a pair with j in an earlier block goes
-    through the block's first row r: exp(G_i - G_r) exp(G_r - G_j), both factors <= 1, so those
-    scores are matmuls. Memory C c K per chunk instead of C^2 K."""
+    """Per-channel decays exp(G_i - G_j), j <= i, for the scores kk and qk, as an If on the
+    largest decay of any chunk, max(-G_last) (G the gates' cumsum from the chunk's start):
+
+    - below FACTOR_SPAN, each score is one matmul of factored decays, (k_i exp(G_i)) .
+      (k_j exp(-G_j)): every factor lies in [e^-64, e^64] (no overflow, no subnormals in fp32)
+      and each term of the dot product is the pairwise one to a few ulps;
+    - above it, `_blocked_channel_scores`, whose exponents are never above 0."""
     G = b.CumSum(g, b.const(-2, "i64"))  # [B, H, NC, C, K]
+    span = b.ReduceMax(b.Neg(_last(b, G, -2)), keepdims=0)  # the strongest decay of a chunk, >= 0
+    f = Builder("factored")
+    k_t = f.Transpose(f.Mul(k, f.Exp(f.Neg(G))), perm=[0, 1, 2, 4, 3])  # [.., K, C]
+    eG_f = f.Exp(G)
+    kk_f, qk_f = f.MatMul(f.Mul(k, eG_f), k_t), f.MatMul(f.Mul(q, eG_f), k_t)
+    factored = subgraph(f, "factored_decay_scores", [], [(kk_f, "f32", 5), (qk_f, "f32", 5)])
+    p = Builder("pairwise")
+    kk_p, qk_p = _blocked_channel_scores(p, q, k, G, C)
+    pairwise = subgraph(p, "pairwise_decay_scores", [], [(kk_p, "f32", 5), (qk_p, "f32", 5)])
+    kk, qk = b.op("If", [b.Less(span, b.const(FACTOR_SPAN))], 2, then_branch=factored, else_branch=pairwise)
+    eG = decay_exp(b, G)
+    G_last = _last(b, G, -2)  # [..., 1, K]
+    k_decayed = b.Mul(k, decay_exp(b, b.Sub(G_last, G)))
+    decay_last = b.squeeze(decay_exp(b, G_last), -2)  # [B, H, NC, K]
+    return kk, qk, b.Mul(q, eG), b.Mul(k, eG), k_decayed, decay_last
+
+
+def _blocked_channel_scores(b: Builder, q: str, k: str, G: str, C: str):
+    """kk and qk with per-channel decays exp(G_i - G_j), j <= i, with no exponent above 0 (no
+    overflow however strong the decay). In blocks of c rows (as the reference's binary split,
+    one level): pairs in one block are pairwise (clipped to exponents <= 0 before the exp); a
+    pair with j in an earlier block goes through the block's first row r:
+    exp(G_i - G_r) exp(G_r - G_j), both factors <= 1, so those scores are matmuls. Memory
+    C c K per chunk instead of C^2 K."""
     lead = b.Shape(G, end=3)
     c, NB = _blocks(b, C, PAIR_BLOCK)
     K = b.Shape(G, start=-1)
@@ -150,11 +179,7 @@ def _channel_gates(b: Builder, q: str, k: str, g: str, C: str):
     square = b.Concat(lead, C, C, axis=0)
     kk = b.Reshape(b.Add(kk_x, _block_diagonal(b, kk_in, NB, C, lead)), square)
     qk = b.Reshape(b.Add(qk_x, _block_diagonal(b, qk_in, NB, C, lead)), square)
-    eG = decay_exp(b, G)
-    G_last = _last(b, G, -2)  # [..., 1, K]
-    k_decayed = b.Mul(k, decay_exp(b, b.Sub(G_last, G)))
-    decay_last = b.squeeze(decay_exp(b, G_last), -2)  # [B, H, NC, K]
-    return kk, qk, b.Mul(q, eG), b.Mul(k, eG), k_decayed, decay_last
+    return kk, qk
 
 
 def _head_gates(b: Builder, q: str, k: str, g: str, C: str):

@@ -6,7 +6,8 @@ ONNX body, torch's chunked form and the recurrent definition.
 
 Each backend compiles one module that calls the `kda` op on (q, k, v, g, beta, state), once
 per H (T dynamic), as a user's module is compiled; every runner then takes the same inputs
-in turn (round robin, fastest of `--repeat`). Errors are against the recurrent definition.
+in turn (round robin, fastest of `--repeat`; each turn is `k3c.bench.timed_turn`: settle, one
+untimed call, the timed one). Errors are against the recurrent definition.
 Prints a table per (H, T): milliseconds and the ratio to onnxruntime's C++ kernel.
 """
 
@@ -23,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 import k3c
-from k3c.bench import settle
+from k3c.bench import timed_turn
 from k3c.kernels.kda.chunk import chunk_kda
 from k3c.kernels.kda.naive import naive_recurrent_kda
 from k3c.numerics import rel_rms_err
@@ -88,11 +89,8 @@ def main() -> None:
                 for name, fn in fns.items():  # warm-up, and the error of each
                     errs[name] = rel_rms_err(fn()[0], ref)
                 for _ in range(args.repeat):
-                    for name, fn in fns.items():
-                        settle()  # the last runner's threads idle first (k3c.bench.settle)
-                        t0 = time.perf_counter()
-                        fn()
-                        best[name] = min(best[name], time.perf_counter() - t0)
+                    for name, fn in fns.items():  # settle, an untimed call, the timed one
+                        best[name] = min(best[name], timed_turn(fn))
             anchor = best["ort C++ LinearAttention"]
             for name, s in best.items():
                 rows.append((H, T, name, s * 1e3, s / anchor, errs[name]))

@@ -25,7 +25,7 @@ from tvm import relax
 from ...errors import ArtifactError, InputError
 from ...ir import dims as D
 from ..artifact import verify
-from ..contract import check_nonpositive
+from ..contract import check_nonpositive, value_range
 from .build import FORMAT
 
 DTYPES = {"f64": torch.float64, "f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16,
@@ -141,8 +141,9 @@ class TvmRunner:
                 raise InputError(f"dim {n} = {env[n]} is outside its range [{lo}, {hi if hi is not None else 'inf'}]")
         for name, bound in e.id_bounds.items():
             x = inputs[e.input_names.index(name)]
-            if x.numel() and (int(x.min()) < 0 or int(x.max()) >= bound):
-                raise InputError(f"input {name!r}: ids must lie in [0, {bound}), got [{int(x.min())}, {int(x.max())}]")
+            lo, hi = value_range(x) if x.numel() else (0, 0)
+            if lo < 0 or hi >= bound:
+                raise InputError(f"input {name!r}: ids must lie in [0, {bound}), got [{int(lo)}, {int(hi)}]")
         for name in e.nonpositive:
             check_nonpositive(name, inputs[e.input_names.index(name)], "TVM")
 

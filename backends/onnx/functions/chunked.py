@@ -126,7 +126,8 @@ def _channel_gates(b: Builder, q: str, k: str, g: str, C: str):
       and each term of the dot product is the pairwise one to a few ulps;
     - above it, `_blocked_channel_scores`, whose exponents are never above 0."""
     G = b.CumSum(g, b.const(-2, "i64"))  # [B, H, NC, C, K]
-    span = b.ReduceMax(b.Neg(_last(b, G, -2)), keepdims=0)  # the strongest decay of a chunk, >= 0
+    G_last = _last(b, G, -2)  # [..., 1, K]
+    span = b.ReduceMax(b.Neg(G_last), keepdims=0)  # the strongest decay of a chunk, >= 0
     f = Builder("factored")
     k_t = f.Transpose(f.Mul(k, f.Exp(f.Neg(G))), perm=[0, 1, 2, 4, 3])  # [.., K, C]
     eG_f = f.Exp(G)
@@ -137,7 +138,6 @@ def _channel_gates(b: Builder, q: str, k: str, g: str, C: str):
     pairwise = subgraph(p, "pairwise_decay_scores", [], [(kk_p, "f32", 5), (qk_p, "f32", 5)])
     kk, qk = b.op("If", [b.Less(span, b.const(FACTOR_SPAN))], 2, then_branch=factored, else_branch=pairwise)
     eG = decay_exp(b, G)
-    G_last = _last(b, G, -2)  # [..., 1, K]
     k_decayed = b.Mul(k, decay_exp(b, b.Sub(G_last, G)))
     decay_last = b.squeeze(decay_exp(b, G_last), -2)  # [B, H, NC, K]
     return kk, qk, b.Mul(q, eG), b.Mul(k, eG), k_decayed, decay_last

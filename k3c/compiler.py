@@ -14,6 +14,7 @@ from .backends import artifact
 from .errors import InputError, UsageError
 from .frontend import capture
 from .ir import Graph
+from .passes.compute_dtype import LOW, POLICIES
 
 
 def capture_entries(model: torch.nn.Module, example_inputs: tuple, dynamic: bool = True,
@@ -123,16 +124,24 @@ class CompiledModel:
 
 
 def prepare(graphs: dict[str, Graph], be, passes: str | list[str] = "default",
-            pass_options: dict | None = None) -> dict[str, Graph]:
+            pass_options: dict | None = None, compute: str | None = None) -> dict[str, Graph]:
     """The graphs `be` lowers: the pass pipeline with the backend's choices in it (the
     recurrent ops it takes whole stay whole through chunk-delta-rule; a BF16 model computes
     in the backend's `compute_dtype`, from its stored weights), then every node the backend
     has no lowering for rewritten into its op's decomposition. An op that is neither
-    lowered nor decomposable is an UnsupportedNodeError naming it and the model line."""
+    lowered nor decomposable is an UnsupportedNodeError naming it and the model line.
+    `compute` ("f32", "bf16"; None: the backend's own) is the compute policy of a model held
+    in a lower precision (passes/compute_dtype.py)."""
     from . import passes as passes_mod
 
-    low = any(t.dtype in ("bf16", "f16") for g in graphs.values() for v, t in g.types.items() if v not in g.weights)
-    compute = getattr(be, "compute_dtype", None) if low else None  # a BF16 model on a float32 backend
+    low = any(t.dtype in LOW for g in graphs.values() for v, t in g.types.items() if v not in g.weights)
+    if compute is not None and compute not in POLICIES:
+        raise UsageError(f"compute={compute!r}: the compute policies are {', '.join(POLICIES)}")
+    if compute == "bf16" and not low:
+        raise UsageError("compute='bf16' rounds the GEMM operands a model holds in BF16, and this model "
+                         "holds none: build it in its release precision (dtype=torch.bfloat16, "
+                         "k3c compile --dtype bf16) or load a release checkpoint")
+    compute = (compute or getattr(be, "compute_dtype", None)) if low else None
     steps = passes_mod.for_backend(passes_mod.steps_of(passes), **passes_mod.backend_choices(be), compute=compute)
     recorded = passes if steps == passes_mod.steps_of(passes) else steps  # what an artifact says it ran
     out = {}
@@ -149,7 +158,7 @@ def compile(model: torch.nn.Module, backend: str, example_inputs: tuple, out_dir
             passes: str | list[str] = "default", *, dynamic: bool = True, verbose: bool = False,
             pass_options: dict | None = None, force: bool = False, mesh: str | None = None,
             max_context: int | None = None, cache: str | None = None, dims: dict | None = None,
-            dynamic_shapes=None, **options) -> CompiledModel:
+            dynamic_shapes=None, compute: str | None = None, **options) -> CompiledModel:
     """Compile `model` for `backend` ("reference", "onnx", "tvm", "triton").
 
     Writes the artifact to `out_dir` (a new temporary folder when None) and returns a
@@ -168,11 +177,16 @@ def compile(model: torch.nn.Module, backend: str, example_inputs: tuple, out_dir
     returns their folder (k3c.distributed.runner.compile_mesh); `combine=` ("auto",
     "all_reduce", "all_to_all") says how the routed experts' outputs are combined there.
 
+    `compute` is the compute policy of a model held in BF16 (passes/compute_dtype.py): "f32"
+    (the CPU backends' default: float32 from the stored weights) or "bf16" (GEMMs on BF16
+    operands with float32 accumulation, the rest in float32). It is recorded in the
+    artifact's manifest (`compute`).
+
     `max_context=N` gives the serving forms (k3c/serving.py): fixed-capacity caches of N rows
     written in place by decode, `positions` in the state, ragged prompts (`lengths`) and a
     `prefill_last` entry for last-token logits. `cache="grow"` keeps the growing caches.
     """
-    from .serving import check_cache_mode, record_serving, with_last_entry
+    from .serving import check_cache_mode, record_compute, record_serving, with_last_entry
 
     max_context = check_cache_mode(max_context, cache)
     if not isinstance(example_inputs, tuple):
@@ -196,7 +210,7 @@ def compile(model: torch.nn.Module, backend: str, example_inputs: tuple, out_dir
         graphs = with_last_entry(graphs)
     timings["capture"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    graphs = prepare(graphs, be, passes, pass_options)
+    graphs = prepare(graphs, be, passes, pass_options, compute)
     timings["passes"] = time.perf_counter() - t0
     for g in graphs.values():  # what the artifact came from, for backends that record it (onnx)
         if dataclasses.is_dataclass(getattr(model, "config", None)):
@@ -206,6 +220,7 @@ def compile(model: torch.nn.Module, backend: str, example_inputs: tuple, out_dir
     artifact.write(be, graphs, out, force=force)
     timings["lower"] = time.perf_counter() - t0
     record_serving(out, graphs)
+    record_compute(out, graphs)
     t0 = time.perf_counter()
     runner = be.load(out)
     timings["load"] = time.perf_counter() - t0

@@ -52,6 +52,19 @@ def record_serving(out_dir: Path, graphs: dict) -> None:
     (Path(out_dir) / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
 
 
+def record_compute(out_dir: Path, graphs: dict) -> None:
+    """Write the compute policy the artifact was built with into its manifest: `policy` (None:
+    the model's own dtypes; "f32"; "bf16": BF16 GEMM operands) and the dtypes its weights are
+    held in (passes/compute_dtype.py)."""
+    manifest = read(out_dir)
+    if manifest is None:
+        return
+    g = next(iter(graphs.values()))
+    held = sorted({t.dtype for v, t in g.types.items() if v in g.weights})
+    manifest["compute"] = {"policy": g.meta.get("compute"), "weights": held}
+    (Path(out_dir) / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+
+
 def last_logits(logits: torch.Tensor, lengths) -> torch.Tensor:
     """[B, T, vocab] -> [B, 1, vocab]: each sequence's last real row (an artifact without a
     prefill_last entry computes every row and returns this one)."""

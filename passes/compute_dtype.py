@@ -1,54 +1,90 @@
-"""compute-dtype: compute in one floating dtype whatever the model stores.
+"""compute-dtype: the compute policy of a model stored in a lower precision, decided once.
 
 A model released in BF16 runs on the CPU backends in float32, as llama.cpp does: every
 floating value of a lower precision (bf16, f16) becomes `dtype` (graph inputs and outputs,
 the recurrent state and caches included), the casts down to bf16 that the eager model makes
 go, `const`/`full`/`arange`/`mxfp4_decode` produce `dtype`, and each weight keeps its stored
-dtype: it is cast where it is read (one cast per weight; the backends run a cast of a weight
-once, at load). Storage stays what the checkpoint holds; the arithmetic is float32.
+dtype: it is cast where it is read (one cast per weight; the backends read the stored bytes
+there, no widened copy). Storage stays what the checkpoint holds.
 
-Option: dtype (default f32). A graph without lower-precision values is left as it is.
+Option `gemm="bf16"` is the BF16 compute policy (`k3c.compile(..., compute="bf16")`): the
+operands of every GEMM (ops of the `matmul` and `moe` families) that the model holds in BF16
+are rounded to BF16 (`cast` to bf16 and back), so each GEMM multiplies BF16 operands and
+accumulates in float32; its output stays float32. Everything else stays float32: the norms
+and their statistics, the router (the model computes its logits from float32 operands, so
+they are not rounded), sigmoid and top-k, softmax, the recurrent state and its update, the
+residual sum. A GEMM the model already computes from float32 operands keeps them.
+
+Options: dtype (default f32), gemm (default f32, or bf16). A graph without lower-precision
+values is left as it is; `graph.meta["compute"]` records the policy applied.
 """
 
 from __future__ import annotations
 
 from ..ir import OPS, Graph, Node, TensorType
+from ..ir.ops.spec import family
 from .registry import register_pass
 
 LOW = frozenset({"bf16", "f16"})
+POLICIES = ("f32", "bf16")  # k3c.compile(..., compute=): what `gemm` each names
 _DTYPE_ATTR_OPS = frozenset({"const", "full", "arange", "mxfp4_decode"})
+
+
+def gemm_ops() -> frozenset[str]:
+    """The ops whose operands the BF16 policy rounds: the GEMMs (read from OPS's families)."""
+    return (family("matmul") | family("moe")) - family("collective")
 
 
 def _retyped(t: TensorType, dtype: str) -> TensorType:
     return t.with_dtype(dtype) if t.dtype in LOW else t
 
 
-@register_pass("compute-dtype", dtype="f32")
-def compute_dtype(graph: Graph, dtype: str = "f32"):
-    """Lower-precision activations, state and outputs in `dtype`; weights cast where read."""
+@register_pass("compute-dtype", dtype="f32", gemm="f32")
+def compute_dtype(graph: Graph, dtype: str = "f32", gemm: str = "f32") -> dict:
+    """Lower-precision activations, state and outputs in `dtype`; weights cast where read;
+    with `gemm="bf16"` the GEMMs' BF16 operands rounded to BF16 (float32 accumulation)."""
+    if gemm not in POLICIES:
+        raise ValueError(f"compute-dtype: gemm must be one of {', '.join(POLICIES)}, got {gemm!r}")
     if not any(t.dtype in LOW for v, t in graph.types.items() if v not in graph.weights):
         return {}
-    sites = {"activations": 0, "weight-casts": 0, "casts-dropped": 0}
+    sites = {"activations": 0, "weight-casts": 0, "casts-dropped": 0, "gemm-operands-bf16": 0}
     alias: dict[str, str] = {}  # value -> what replaces it
     casts: dict[str, str] = {}  # low-precision weight -> its cast
+    rounded: dict[str, str] = {}  # activation -> its value rounded to bf16 (in `dtype`)
     types = {v: t for v, t in graph.types.items() if v in graph.weights}
     for v in graph.inputs:
         types[v] = _retyped(graph.types[v], dtype)
     nodes: list[Node] = []
+    gemms = gemm_ops() if gemm == "bf16" else frozenset()
+
+    def cast(v: str, to: str, base: str, meta: dict) -> str:
+        out = _fresh(graph, types, base)
+        types[out] = types[v].with_dtype(to)
+        nodes.append(Node("cast", [v], [out], {"dtype": to}, dict(meta)))
+        return out
 
     def use(v: str) -> str:
         v = alias.get(v, v)
         if v in graph.weights and graph.types[v].dtype in LOW:
             if v not in casts:
-                casts[v] = _fresh(graph, types, f"{v}.{dtype}")
-                types[casts[v]] = graph.types[v].with_dtype(dtype)
-                nodes.append(Node("cast", [v], [casts[v]], {"dtype": dtype}, {}))
+                casts[v] = cast(v, dtype, f"{v}.{dtype}", {})
                 sites["weight-casts"] += 1
             return casts[v]
         return v
 
+    def operand(original: str, v: str, meta: dict) -> str:
+        """A GEMM operand: rounded to bf16 where the model holds it in bf16 (not a weight)."""
+        if original in graph.weights or graph.types[original].dtype != "bf16":
+            return v
+        if v not in rounded:
+            rounded[v] = cast(cast(v, "bf16", f"{v}.bf16", meta), dtype, f"{v}.bf16.{dtype}", meta)
+            sites["gemm-operands-bf16"] += 1
+        return rounded[v]
+
     for node in graph.nodes:
         ins = [use(i) for i in node.inputs]
+        if node.op in gemms:
+            ins = [operand(o, i, node.meta) for o, i in zip(node.inputs, ins)]
         attrs = dict(node.attrs)
         if node.op == "cast" and (attrs["dtype"] in LOW or types[ins[0]].dtype == attrs["dtype"]) \
                 and types[ins[0]].dtype in (LOW | {dtype}):
@@ -66,6 +102,7 @@ def compute_dtype(graph: Graph, dtype: str = "f32"):
     graph.nodes = nodes
     graph.outputs = [(k, alias.get(v, v)) for k, v in graph.outputs]
     graph.types = types
+    graph.meta["compute"] = gemm
     return {k: n for k, n in sites.items() if n}
 
 

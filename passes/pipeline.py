@@ -85,8 +85,9 @@ def for_backend(steps: list, keep=(), compute: str | None = None, chunk_by: str 
     chunk-delta-rule (the one place the prefill form is decided), a backend that lets the
     cost model pick the form (`chunk_by="flops"`) or prefers a chunk length (`chunk_size`)
     says so to that pass unless the pipeline already does, and a backend that computes in
-    one dtype (`compute`: the CPU backends' float32) gets compute-dtype before the final
-    sweep. Steps stay text, so the pipeline an artifact records reads back."""
+    one dtype gets compute-dtype before the final sweep (`compute`: "f32", the CPU
+    backends' default for a BF16 model, or "bf16", the BF16 GEMM policy). Steps stay
+    text, so the pipeline an artifact records reads back."""
     keep = sorted(set(keep))
     out = []
     for step in steps:
@@ -103,7 +104,8 @@ def for_backend(steps: list, keep=(), compute: str | None = None, chunk_by: str 
         out.append(step)
     if compute is not None and not any(parse_step(s)[0] == "compute-dtype" for s in out):
         at = len(out) - 1 if out and parse_step(out[-1])[0] == "dce" else len(out)
-        out.insert(at, format_step("compute-dtype", {"dtype": compute}))
+        opts = {"dtype": "f32", **({"gemm": "bf16"} if compute == "bf16" else {})}
+        out.insert(at, format_step("compute-dtype", opts))
     return out
 
 

@@ -7,6 +7,7 @@ prints it as one line and exits 2; anything else that escapes is a bug in k3c.
     UsageError        an argument value that cannot work (a CLI flag, a keyword of a public function)
     InputError        a tensor that does not fit an entry point's contract (shape, dtype, id, state key)
     ArtifactError     an artifact folder that is missing, damaged, or holds something else
+      ManifestError   a manifest field that is missing, of the wrong kind or out of range (the field)
     CaptureError      a model torch.export or k3c's frontend cannot take (frontend/translate.py)
     UnsupportedNodeError  IR nodes a backend cannot lower (backends/base.py re-exports it)
     ParseError        malformed IR text (the line)
@@ -31,6 +32,10 @@ class UsageError(K3cError, ValueError):
 
 class ArtifactError(K3cError):
     """An artifact folder that is missing a file, fails its checksum, or holds another artifact."""
+
+
+class ManifestError(ArtifactError):
+    """A manifest that is not the shape k3c writes: names the file and the field."""
 
 
 class CaptureError(K3cError):
@@ -87,5 +92,5 @@ def user_errors() -> tuple[type, ...]:
     return (K3cError,)
 
 
-__all__ = ["K3cError", "UsageError", "ArtifactError", "CaptureError", "UnsupportedNodeError", "InputError",
+__all__ = ["K3cError", "UsageError", "ArtifactError", "ManifestError", "CaptureError", "UnsupportedNodeError", "InputError",
            "ParseError", "ShapeError", "VerifyError", "CheckpointError", "user_errors"]

@@ -14,6 +14,7 @@ prints it as one line and exits 2; anything else that escapes is a bug in k3c.
     ShapeError        an op's operands that do not fit (the rule)
     VerifyError       a graph the verifier rejects (the node, the rule, the model line)
     CheckpointError   a checkpoint that does not fit its config (the file or keys)
+    RewriteError      rewrite rules or decompositions that never settle (the rule or op)
 
 This module imports nothing of k3c, so every layer (the kernels and the IR included) raises
 its errors from here; `user_errors()` is what the CLI reports as a user's error.
@@ -87,10 +88,15 @@ class CheckpointError(K3cError, ValueError):
     """A checkpoint that cannot be read as the model its config describes: names the file or keys."""
 
 
+class RewriteError(K3cError):
+    """Rules that keep matching what they build, or an op whose decomposition needs itself:
+    the message names the rule or the ops of the cycle."""
+
+
 def user_errors() -> tuple[type, ...]:
     """Every k3c error class: what these say is meant for the user, without a traceback."""
     return (K3cError,)
 
 
-__all__ = ["K3cError", "UsageError", "ArtifactError", "ManifestError", "CaptureError", "UnsupportedNodeError", "InputError",
-           "ParseError", "ShapeError", "VerifyError", "CheckpointError", "user_errors"]
+__all__ = ["K3cError", "UsageError", "ArtifactError", "ManifestError", "CaptureError", "UnsupportedNodeError",
+           "InputError", "ParseError", "ShapeError", "VerifyError", "CheckpointError", "RewriteError", "user_errors"]

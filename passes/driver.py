@@ -14,6 +14,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..errors import RewriteError
 from ..ir import Graph, Node
 from .builder import Builder
 from .pattern import Context, Match, Op, Product, match
@@ -32,8 +33,14 @@ class Rule:
 
 
 def apply_rules(graph: Graph, rules: list[Rule], max_sweeps: int = 50) -> Counter:
-    """Rewrite `graph` in place until no rule matches; returns sites rewritten per rule."""
+    """Rewrite `graph` in place until no rule matches; returns sites rewritten per rule.
+
+    A rule that matches what it builds (`relu -> relu(relu)`) would never stop, and may double
+    the graph each sweep: past `REWRITES_PER_NODE` rewrites per node of the graph as given, or
+    a graph grown `GROWTH` times, a RewriteError names the rule that fired most."""
     sites: Counter = Counter()
+    budget = REWRITES_PER_NODE * len(graph.nodes) + 64
+    limit = GROWTH * len(graph.nodes) + 256
     by_op: dict[str, list[Rule]] = {}
     for r in rules:
         for op in r.pattern.ops:
@@ -58,11 +65,24 @@ def apply_rules(graph: Graph, rules: list[Rule], max_sweeps: int = 50) -> Counte
                 removed |= replace(graph, node, b, [result] if isinstance(result, str) else list(result), m.nodes)
                 sites[rule.name] += 1
                 changed = True
+                if sum(sites.values()) > budget or len(graph.nodes) > limit:
+                    _runaway(sites, graph, budget)
                 ctx = Context.of(graph)
                 break
         if not changed:
             return sites
-    raise RuntimeError(f"rules {[r.name for r in rules]} did not reach a fixed point in {max_sweeps} sweeps")
+    _runaway(sites, graph, budget, f"{max_sweeps} sweeps")
+
+
+REWRITES_PER_NODE = 16
+GROWTH = 8
+
+
+def _runaway(sites: Counter, graph: Graph, budget: int, after: str | None = None) -> None:
+    rule, n = sites.most_common(1)[0]
+    raise RewriteError(f"rule {rule!r} does not reach a fixed point: {n} rewrites "
+                       f"({sum(sites.values())} in all, {after or f'budget {budget}'}), the graph now "
+                       f"{len(graph.nodes)} nodes; does its rewrite build what its pattern matches?")
 
 
 def replace(graph: Graph, root: Node, b: Builder, values: list[str], matched=()) -> set[int]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 
+from ..errors import RewriteError
 from ..ir import OPS, Graph, Node
 from .builder import Builder
 from .driver import replace
@@ -33,14 +34,29 @@ def decompose_node(graph: Graph, node: Node) -> None:
     replace(graph, node, b, outs)
 
 
-def legalize(graph: Graph, supports: Supports, max_rounds: int = 32) -> Counter:
-    """Decompose, in place, every node `supports` refuses and whose op can be decomposed."""
+def legalize(graph: Graph, supports: Supports, max_depth: int = 32) -> Counter:
+    """Decompose, in place, every node `supports` refuses and whose op can be decomposed.
+
+    Each node made by a decomposition remembers the ops it came from: an op that reappears
+    among its own ancestors (a decomposition that uses the op itself, directly or through
+    others) would decompose forever, and is a RewriteError naming the cycle, as is a chain
+    deeper than `max_depth`."""
     sites: Counter = Counter()
-    for _ in range(max_rounds):
+    origin: dict[int, tuple[str, ...]] = {}  # id(node) -> the ops it was decomposed from
+    while True:
         todo = [n for n in graph.nodes if OPS[n.op].decompose is not None and not supports(n, graph)[0]]
         if not todo:
             return sites
         for node in todo:
+            chain = origin.get(id(node), ()) + (node.op,)
+            if node.op in chain[:-1]:
+                cycle = " -> ".join(chain[chain.index(node.op):])
+                raise RewriteError(f"op {node.op!r} decomposes into itself ({cycle}): the backend refuses it and "
+                                   f"its decomposition must be written without it")
+            if len(chain) > max_depth:
+                raise RewriteError(f"op {chain[0]!r}: decompositions nested deeper than {max_depth} "
+                                   f"({' -> '.join(chain[:6])} -> ...)")
+            before = {id(n) for n in graph.nodes}
             decompose_node(graph, node)
             sites[node.op] += 1
-    raise RuntimeError(f"decompositions did not settle in {max_rounds} rounds (an op that decomposes into itself?)")
+            origin.update((id(n), chain) for n in graph.nodes if id(n) not in before)

@@ -26,7 +26,7 @@ from ..ir import Graph, verify
 from . import dims as D
 from .export import export
 from .source import describe
-from .table import TABLE
+from .table import builders
 from .translate import Translator, UnsupportedOpError
 
 
@@ -305,7 +305,7 @@ def capture(model: torch.nn.Module, example_inputs: tuple, dynamic: bool = True,
     graph = Graph(name or f"{getattr(model, 'name', type(model).__name__)}.{entry}")
     symbols = _symbol_names(ep, spec, args)
     graph.dims = {n: _range(ep, s) for s, n in symbols.items()}
-    Translator(ep, graph, symbols, in_names, out_names, weight_prefix="m." if is_lm else "").run(TABLE)
+    Translator(ep, graph, symbols, in_names, out_names, weight_prefix="m." if is_lm else "").run(builders())
     graph.meta = {"entry": entry, "model": getattr(model, "name", type(model).__name__)}
     if serving:
         graph.meta["max_context"] = max_context
@@ -351,9 +351,9 @@ def _range(ep, s: sympy.Symbol) -> tuple[int, int | None]:
 
 
 def _unknown_ops(ep) -> list[tuple[str, str]]:
-    out = []
+    out, table = [], builders()
     for n in ep.graph.nodes:
-        if n.op != "call_function" or n.target in TABLE:
+        if n.op != "call_function" or n.target in table:
             continue
         if str(n.target).startswith("<built-in function") or "sym_size" in str(n.target):
             continue
@@ -363,8 +363,8 @@ def _unknown_ops(ep) -> list[tuple[str, str]]:
 
 def _decompositions() -> dict:
     """torch's core-ATen decompositions for every op k3c does not keep whole."""
-    table = torch.export.default_decompositions()
+    table, kept = torch.export.default_decompositions(), builders()
     for op in list(table):
-        if op in TABLE:
+        if op in kept:
             del table[op]
     return table

@@ -326,21 +326,38 @@ def _gather(tr: Translator, x, dim, idx, *, sparse_grad=False):
 
 
 # ---- k3c custom ops: same name in the IR, scalar arguments become attributes ----------
-def _custom(spec):
-    """The builder of an op with an eager torch op: its arguments are read by the names of the
-    op's schema, which ir/ops/torch_ops.py made from the spec (nothing here restates them)."""
-    tensors, attr_names = spec.tensor_inputs, list(spec.attr_specs)
+def _custom(name: str):
+    """The builder of op `name` with an eager torch op: its arguments are read by the names of
+    the op's schema, which ir/ops/torch_ops.py made from the spec (nothing here restates them).
+    The spec is looked up when the builder runs, so a re-declared op builds as declared now."""
 
     def build(tr: Translator, *args, **kwargs):
+        spec = OPS[name]
         schema = tr.fx_node.target._schema
         named = dict(zip([a.name for a in schema.arguments], args)) | kwargs
-        ins = [tr.value(named[n]) for n in tensors if named.get(n) is not None]
-        attrs = {n: named[n] for n in attr_names if n in named}
-        attrs.update({n: tr.data_dim() for n in attr_names if spec.attr_specs[n].kind == "rows"})
+        ins = [tr.value(named[n]) for n in spec.tensor_inputs if named.get(n) is not None]
+        attrs = {n: named[n] for n in spec.attr_specs if n in named}
+        attrs.update({n: tr.data_dim() for n in spec.attr_specs if spec.attr_specs[n].kind == "rows"})
         out = tr.emit(spec.name, ins, attrs)
         return out if len(out) > 1 else out[0]
     return build
 
 
-for _name, _target in torch_ops().items():
-    TABLE[_target] = _custom(OPS[_name])
+_CUSTOM: dict = {}  # torch op -> IR op name, for the builders builders() added
+
+
+def builders() -> dict:
+    """TABLE as it stands now: with a builder for every op declared with an eager torch op,
+    including ops declared after `import k3c` (a user's `defop(..., eager=...)`), and without
+    those whose declaration is gone (a `k3c.registry.scope()` ended; torch keeps the op)."""
+    ops = torch_ops()
+    for target, name in list(_CUSTOM.items()):
+        if name not in OPS or ops.get(name) is not target:
+            del TABLE[target], _CUSTOM[target]
+    for name, target in ops.items():
+        if name in OPS and target not in TABLE:
+            TABLE[target], _CUSTOM[target] = _custom(name), name
+    return TABLE
+
+
+builders()

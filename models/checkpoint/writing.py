@@ -11,11 +11,20 @@ in k3c's names. Tensors keep the model's dtypes. A model read by `from_pretraine
 written back as it was read: the same names, dtypes and bytes, the same file for each
 tensor, the same A_log form and file metadata (its vision parts, skipped at load, are not
 written). One shard's tensors exist at a time.
+
+Writing is all or nothing: the files go to a temporary folder beside `dir` first, and only
+when every one is written are they swapped in (the old weights and config moved aside, the
+new ones moved in, the old ones deleted; on a failure the old ones are put back). A model
+saved into the folder it was read from, on a full disk or under a file-size limit, leaves
+that folder as it was.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import torch
@@ -26,6 +35,7 @@ from ..configs import KimiConfig, kimi_model_type
 from ..moe_layer import MXFP4Experts
 from ..precision import bytes_by_dtype, unique_tensors
 from .config_json import config_to_json, merge_config, release_config_json, text_config
+from .errors import CheckpointError
 from .layouts import TEXT_PREFIX, Entry, plan
 from .mxfp4 import quantization_config
 from .shards import CONFIG_NAME, INDEX_NAME, SHARD_RE, WEIGHTS_NAME
@@ -101,22 +111,64 @@ def save_pretrained(model: CausalLM, path: str | Path, *, max_shard_bytes: int |
     sd = model.state_dict()
     files = _shard_names(entries, sd, max_shard_bytes, info.shard_of if same_names else None, k3_release)
 
-    for old in path.iterdir():  # stale weights of an earlier save would shadow or confuse these
-        if old.name in (WEIGHTS_NAME, INDEX_NAME) or SHARD_RE.match(old.name):
-            old.unlink()
-    (path / CONFIG_NAME).write_text(json.dumps(_config(model, k3_release, info), indent=2) + "\n")
+    work = Path(tempfile.mkdtemp(prefix=f".{path.resolve().name}.saving-", dir=path.resolve().parent))
+    try:
+        _write(work, model, entries, sd, files, k3_release, info, same_names)
+        _swap_in(work, path)
+    except OSError as err:
+        raise CheckpointError(f"cannot write the checkpoint into {path} ({err.strerror or err}); "
+                              "the folder is as it was") from None
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _write(folder: Path, model: CausalLM, entries: list[Entry], sd: dict[str, torch.Tensor],
+           files: dict[str, str], k3_release: bool, info: object | None, same_names: bool) -> None:
+    (folder / CONFIG_NAME).write_text(json.dumps(_config(model, k3_release, info), indent=2) + "\n")
     by_file: dict[str, list[Entry]] = {}
     for e in entries:
         by_file.setdefault(files[e.key], []).append(e)
     for name, group in by_file.items():
         meta = (info.metadata.get(name) if same_names else None) or {"format": "pt"}
-        save_file({e.key: _tensor(e, sd) for e in group}, str(path / name), metadata=meta)
+        try:
+            save_file({e.key: _tensor(e, sd) for e in group}, str(folder / name), metadata=meta)
+        except Exception as err:  # safetensors reports a failed write as its own error type
+            if isinstance(err, OSError):
+                raise
+            raise OSError(0, f"{name}: {err}") from None
     if list(by_file) == [WEIGHTS_NAME]:
         return
     index_meta = dict((info.index_metadata or {}) if same_names else {})
     index_meta["total_size"] = sum(_nbytes(e, sd) for e in entries)
     index = {"metadata": index_meta, "weight_map": {k: files[k] for k in sorted(files)}}
-    (path / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n")
+    (folder / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n")
+
+
+def _ours(name: str) -> bool:
+    """A file save_pretrained writes or replaces: config, weights, index (stale ones included)."""
+    return name in (CONFIG_NAME, WEIGHTS_NAME, INDEX_NAME) or bool(SHARD_RE.match(name))
+
+
+def _swap_in(new: Path, path: Path) -> None:
+    """Replace `path`'s config and weights by those of `new` (same file system); other files stay."""
+    aside = Path(tempfile.mkdtemp(prefix=f".{path.resolve().name}.old-", dir=path.resolve().parent))
+    moved: list[str] = []
+    placed: list[str] = []
+    try:
+        for old in sorted(p.name for p in path.iterdir() if _ours(p.name)):
+            os.replace(path / old, aside / old)
+            moved.append(old)
+        for name in sorted(p.name for p in new.iterdir()):
+            os.replace(new / name, path / name)
+            placed.append(name)
+    except OSError:
+        for name in placed:
+            os.replace(path / name, new / name)
+        for old in moved:
+            os.replace(aside / old, path / old)
+        aside.rmdir()  # empty again; were it not, the old files would still be there
+        raise
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 __all__ = ["save_pretrained"]

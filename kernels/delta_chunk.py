@@ -12,7 +12,8 @@ recurrent op into exactly these, and every backend lowers them separately):
   (c) `chunk_output`: O = scale ((q exp(G)) S_start + Aqk Vn), parallel over chunks, unpadded.
 
 Inputs use fla's layout ([B, T, H, K], state [B, H, K, V]); between the pieces tensors are in
-chunk layout [B, H, NC, C, ...], so every chunk product is one batched matmul. All fp32.
+chunk layout [B, H, NC, C, ...], so every chunk product is one batched matmul. All fp32, or
+all fp64 for fp64 inputs (the float64 yardstick).
 """
 
 from __future__ import annotations
@@ -51,10 +52,11 @@ class DeltaChunks(NamedTuple):
 
 
 def to_chunks(x: Tensor, chunk_size: int) -> Tensor:
-    """[B, T, H, ...] -> [B, H, NC, C, ...] fp32, zero-padded in time to NC * C."""
+    """[B, T, H, ...] -> [B, H, NC, C, ...] fp32 (fp64 stays fp64), zero-padded in time to NC * C."""
     B, T, H = x.shape[:3]
     NC = -(-T // chunk_size)
-    out = torch.empty(B, H, NC * chunk_size, *x.shape[3:], dtype=torch.float32, device=x.device)
+    wide = torch.float64 if x.dtype == torch.float64 else torch.float32
+    out = torch.empty(B, H, NC * chunk_size, *x.shape[3:], dtype=wide, device=x.device)
     out[:, :, :T] = x.transpose(1, 2)
     out[:, :, T:] = 0
     return out.view(B, H, NC, chunk_size, *x.shape[3:])
@@ -68,21 +70,40 @@ def from_chunks(x: Tensor, T: int) -> Tensor:
 
 # ---------------------------------------------------------------- (a) intra-chunk
 
-# A decay factor is exp(max(x, EXP_FLOOR)) for its log x <= 0. Raising a factor that is below
-# e^-30 (1e-13) to e^-30 is invisible in fp32 next to any O(1) term, and it keeps exp and the
-# products that follow off the CPU's slow paths for underflow and subnormal numbers (10 to 30
-# times slower). Entries that must be exactly zero (j > i) are zeroed by a mask, not by exp.
-EXP_FLOOR = -30.0
+# A decay factor is exp(x) for its log x <= 0, with no floor: a state the recurrence erases
+# must stay erased. Below LOG_FLUSH the factor would be subnormal in fp32 (under 2^-126), where
+# the recurrence itself has lost its digits; it is flushed to an exact 0 there, which keeps exp
+# and the products that follow off the CPU's slow paths for subnormal numbers (10 to 30 times
+# slower). NaN stays NaN (comparisons with NaN are false). Entries that must be exactly zero
+# (j > i) are zeroed by a mask, not by exp.
+LOG_FLUSH = -87.0
+TINY = 2.0**-126  # the smallest normal fp32; a product of decays below it is flushed to 0
 
 
 def decay_exp_(x: Tensor) -> Tensor:
-    """exp(max(x, EXP_FLOOR)) in place, for log-decays x <= 0."""
-    return x.clamp_(min=EXP_FLOOR).exp_()
+    """exp(x) in place for log-decays x <= 0, flushed to 0 below LOG_FLUSH."""
+    return x.masked_fill_(x < LOG_FLUSH, float("-inf")).exp_()
 
 
 def decay_exp(x: Tensor) -> Tensor:
-    """exp(max(x, EXP_FLOOR)), for log-decays x <= 0."""
+    """exp(x) for log-decays x <= 0, flushed to 0 below LOG_FLUSH."""
     return decay_exp_(x.clone())
+
+
+def flush_tiny_(x: Tensor) -> Tensor:
+    """Products of decays below TINY set to 0 in place (NaN kept)."""
+    return x.masked_fill_(x < TINY, 0.0)
+
+
+def segment_sums(g: Tensor) -> Tensor:
+    """[..., C, K] -> [..., C(i), C(j), K] float64: G_i - G_j = sum of g over (j, i] for j <= i
+    (0 elsewhere). Taken in float64 from a float64 cumsum of fp32 gates, so the difference is
+    exact to fp32 however large the cumulative sums are: in fp32, G_i - G_j after a strong decay
+    earlier in the chunk (|G| ~ 1e3) cancels to an absolute error of ulp(|G|), 6e-5."""
+    G = g.double().cumsum(-2)
+    C = g.shape[-2]
+    diff = G[..., :, None, :] - G[..., None, :, :]
+    return diff.masked_fill_(~causal_mask(C, g.device)[:, :, None], 0.0)
 
 
 def causal_mask(C: int, device: torch.device) -> Tensor:
@@ -99,9 +120,8 @@ def channel_decay_scores_pairwise(q: Tensor, k: Tensor, g: Tensor) -> tuple[Tens
     Costs C * C * K exps; `channel_decay_scores` gives the same with C * K.
     """
     C = g.shape[-2]
-    G = g.cumsum(-2)
-    diff = G[..., :, None, :] - G[..., None, :, :]  # [..., C(i), C(j), K]
-    decay = decay_exp_(diff.masked_fill(~causal_mask(C, g.device)[:, :, None], float("-inf")))
+    diff = segment_sums(g).to(g.dtype)  # [..., C(i), C(j), K]
+    decay = decay_exp_(diff.masked_fill_(~causal_mask(C, g.device)[:, :, None], float("-inf")))
     kj = decay * k[..., None, :, :]
     kk = (kj * k[..., :, None, :]).sum(-1).tril(-1)
     qk = (kj * q[..., :, None, :]).sum(-1).tril()
@@ -136,8 +156,9 @@ def _leaf_decays_(q: Tensor, k: Tensor, g: Tensor, leaf: int):
     lkk, lqk = channel_decay_scores_pairwise(*(x.view(*lead, nb, leaf, K) for x in (q, k, g)))
     _block_diagonal(kk, nb).copy_(lkk.movedim(-3, -1))
     _block_diagonal(qk, nb).copy_(lqk.movedim(-3, -1))
-    G = g.view(*lead, nb, leaf, K).cumsum_(-2)
-    suffix = decay_exp_(G[..., -1:, :] - G)
+    G = g.view(*lead, nb, leaf, K).double().cumsum(-2)  # fp64: the suffix is a difference
+    suffix = decay_exp_((G[..., -1:, :] - G).to(g.dtype))
+    g.copy_(G.view(g.shape))
     return kk, qk, decay_exp_(g), suffix.view(g.shape)
 
 
@@ -150,8 +171,10 @@ def channel_decay_scores(q: Tensor, k: Tensor, g: Tensor) -> tuple[Tensor, Tenso
     second half times a suffix decay of the first half, both <= 1, so the block is one batched
     matmul and nothing can overflow. Blocks double from the leaves up; each level's prefix and
     suffix decays are the previous level's times one block total (again <= 1), so the only exps
-    are those of g itself (C * K per chunk instead of C * C * K). Odd leaf blocks (C not a power
-    of two) are done pairwise. Decays are floored at e^EXP_FLOOR like `decay_exp`.
+    are those of g itself (C * K per chunk instead of C * C * K), and no decay is ever a
+    difference of two cumulative sums (which would cancel after a strong decay). Odd leaf blocks
+    (C not a power of two) are done pairwise. Decays below TINY are flushed to 0 like
+    `decay_exp`.
     """
     return channel_decay_scores_(q, k, g.clone())
 
@@ -164,7 +187,6 @@ def channel_decay_scores_(q: Tensor, k: Tensor, g: Tensor) -> tuple[Tensor, Tens
     kk, qk, prefix, suffix = _leaf_decays_(q, k, g, C >> len(halves))
     rows_buf, cols_buf = g.new_empty(n * C * K), g.new_empty(n * C * K // 2)
     blk_buf = g.new_empty(n * C * C // 2)
-    floor = math.exp(EXP_FLOOR)
     for h in halves:
         nb = C // (2 * h)
         shape = (*lead, nb, 2, h, K)
@@ -179,9 +201,22 @@ def channel_decay_scores_(q: Tensor, k: Tensor, g: Tensor) -> tuple[Tensor, Tens
         _block_diagonal(kk, nb)[..., h:, :h, :] = blk[..., :h, :, :]
         _block_diagonal(qk, nb)[..., h:, :h, :] = blk[..., h:, :, :]
         # double the blocks: first-half suffixes and second-half prefixes span the other half
-        suf[..., 0, :, :].mul_(pre[..., 1, -1:, :]).clamp_(min=floor)
-        pre[..., 1, :, :].mul_(pre[..., 0, -1:, :]).clamp_(min=floor)
+        flush_tiny_(suf[..., 0, :, :].mul_(pre[..., 1, -1:, :]))
+        flush_tiny_(pre[..., 1, :, :].mul_(pre[..., 0, -1:, :]))
     return kk, qk, prefix, suffix
+
+
+def causal_matmul(A: Tensor, x: Tensor) -> Tensor:
+    """A @ x for A [..., C, C] lower-triangular (zero above the diagonal) and x [..., C, N] in
+    time order, with rows before a non-finite row of x (or column of A) left finite, as the
+    recurrence leaves them: a plain matmul multiplies the masked zeros by that NaN or inf
+    (0 * NaN = NaN) and spreads it to earlier tokens. All-finite results (the usual case) cost
+    one check; otherwise the product is a sum over j <= i selected by `where`."""
+    y = A @ x
+    if bool(torch.isfinite(y).all()):
+        return y
+    keep = causal_mask(A.shape[-1], A.device)[:, :, None]
+    return torch.where(keep, A[..., :, :, None] * x[..., None, :, :], 0.0).sum(-2)
 
 
 def _row_substitution_(L: Tensor) -> Tensor:
@@ -227,15 +262,18 @@ def _gates_per_channel(q: Tensor, k: Tensor, g: Tensor, C: int):
 
 
 def _gates_per_head(q: Tensor, k: Tensor, g: Tensor, C: int):
-    G = to_chunks(g, C).cumsum(-1)  # [B, H, NC, C]
+    # the cumulative gates in fp64: every decay below is a difference of them (see segment_sums)
+    G = to_chunks(g, C).double().cumsum(-1)  # [B, H, NC, C]
     diff = G[..., :, None] - G[..., None, :]
-    decay = decay_exp_(diff.masked_fill(~causal_mask(C, G.device), float("-inf")))
+    f = q.dtype
+    decay = decay_exp_(diff.to(f).masked_fill_(~causal_mask(C, G.device), float("-inf")))
     kk = (k @ k.transpose(-1, -2) * decay).tril(-1)
     qk = (q @ k.transpose(-1, -2) * decay).tril()
-    eG = decay_exp(G)[..., None]
+    eG = decay_exp_(G.to(f))[..., None]
     G_last = G[..., -1:]
     k_w = k * eG
-    return kk, qk, q.mul_(eG), k_w, k.mul_(decay_exp_(G_last - G)[..., None]), decay_exp(G_last)
+    rest = decay_exp_((G_last - G).to(f))[..., None]
+    return kk, qk, q.mul_(eG), k_w, k.mul_(rest), decay_exp_(G_last.to(f))
 
 
 def _no_gates(q: Tensor, k: Tensor, C: int):
@@ -264,7 +302,7 @@ def chunk_delta_prepare(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta:
     else:
         kk, qk, q_dec, k_w, k_dec, decay_last = _gates_per_channel(q, k, g, C)
     A = unit_lower_inverse_(kk.mul_(beta[..., None])).mul_(beta[..., None, :])
-    return DeltaChunks(q_dec, k_dec, A @ k_w, A @ v, qk, decay_last)
+    return DeltaChunks(q_dec, k_dec, causal_matmul(A, k_w), causal_matmul(A, v), qk, decay_last)
 
 
 def chunk_linear_prepare(q: Tensor, k: Tensor, v: Tensor, chunk_size: int) -> DeltaChunks:
@@ -299,7 +337,7 @@ def chunk_state_scan(w: Tensor | None, u: Tensor, k_decayed: Tensor, decay_last:
     if initial_state is None:
         S = u.new_zeros(B * H, K, V)
     else:
-        S = initial_state.float().reshape(B * H, K, V)
+        S = initial_state.to(u.dtype).reshape(B * H, K, V)
     v_new, starts = [], []
     for n in range(NC):
         starts.append(S)
@@ -323,6 +361,8 @@ def chunk_output(q_decayed: Tensor, aqk: Tensor, v_new: Tensor, start_states: Te
     o = q_decayed @ start_states
     o.view(-1, *o.shape[-2:]).baddbmm_(aqk.reshape(-1, *aqk.shape[-2:]),
                                        v_new.reshape(-1, *v_new.shape[-2:]))
+    if not bool(torch.isfinite(o).all()):  # keep a NaN from reaching earlier tokens
+        o = q_decayed @ start_states + causal_matmul(aqk, v_new)
     return scale * from_chunks(o, T)
 
 

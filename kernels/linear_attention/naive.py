@@ -25,11 +25,12 @@ def naive_recurrent_linear_attention(
     B, T, H, K = q.shape
     V, dtype = v.shape[-1], v.dtype
     scale = K**-0.5 if scale is None else scale
-    q, k, v = (x.float() for x in (q, k, v))
+    wide = torch.float64 if q.dtype == torch.float64 else torch.float32  # fp64 stays fp64
+    q, k, v = (x.to(wide) for x in (q, k, v))
     if initial_state is None:
         S, z = q.new_zeros(B, H, K, V), q.new_zeros(B, H, K)
     else:
-        S, z = (x.float().clone() for x in initial_state)
+        S, z = (x.to(wide).clone() for x in initial_state)
     o = q.new_empty(B, T, H, V)
     for t in range(T):
         S = S + torch.einsum("bhk,bhv->bhkv", k[:, t], v[:, t])

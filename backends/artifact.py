@@ -56,13 +56,20 @@ def read(out_dir: str | Path) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
-def seal(out_dir: str | Path, *, backend: str, model: str | None, variant: str | None = None) -> None:
-    """Record in DIR/manifest.json what the artifact is and the checksum of each of its files."""
+def seal(out_dir: str | Path, *, backend: str, model: str | None, variant: str | None = None,
+         graphs: dict | None = None) -> None:
+    """Record in DIR/manifest.json what the artifact is and the checksum of each of its files;
+    with `graphs`, also what each entry's integer inputs index (contract.limits), which a
+    runner without the graphs checks its inputs against."""
+    from .contract import limits
+
     out_dir = Path(out_dir)
     manifest = read(out_dir)
     if manifest is None:
         raise ArtifactError(f"{out_dir}: the {backend} backend wrote no readable {MANIFEST}")
     manifest["artifact"] = {"backend": backend, "model": model, "variant": variant}
+    if graphs is not None:
+        manifest["limits"] = {entry: limits(g) for entry, g in graphs.items()}
     manifest["files"] = {str(p.relative_to(out_dir)): {"bytes": p.stat().st_size, "sha256": _digest(p)}
                          for p in _files(out_dir)}
     (out_dir / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")

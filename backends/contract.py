@@ -4,15 +4,22 @@ manifest of its own (reference, triton) makes before it runs.
 - the inputs fit the graph's types and its dims' ranges (`k3c.ir.bind_dims`: the count, dtypes,
   shapes, and bounds such as GPT-2's position table, recorded in `graph.dims` at capture);
 - token ids lie inside the embedding table they index (the vocabulary);
+- a fixed-capacity cache's `positions` leave room for the new tokens (0 <= p, p + T <= N) and
+  a ragged prefill's `lengths` lie in [1, T]: the in-place cache writes of the native backends
+  index memory with them and check nothing themselves (TVM wrote past its cache with a position
+  of 100000 and freed memory twice with -1);
 - log-decays fed as graph inputs are <= 0 where the backend's kernels assume it (signs.py).
 
-The ONNX and TVM runners check the same against their manifests, which record both.
+`limits(graph)` is what an entry's integer inputs index; `seal` records it in every manifest,
+and `check_limits` is the one check of it that every runner (reference, onnx, tvm, triton)
+makes, whichever entry is called, before native code sees the inputs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
+import numpy as np
 import torch
 
 from ..errors import InputError
@@ -30,13 +37,57 @@ def id_bounds(graph: Graph) -> dict[str, int]:
     return out
 
 
-def check_ids(name: str, x: torch.Tensor, rows: int) -> None:
+POSITIONS, LENGTHS = "positions", "lengths"  # the serving inputs' names (k3c/serving.py)
+
+
+def limits(graph: Graph) -> dict:
+    """What the integer inputs of `graph` index: {"ids": {input: vocabulary rows},
+    "positions": {input: [capacity, token input]}, "lengths": {input: token input}}; the
+    token input (input_ids [B, T]) gives T, the rows one call adds."""
+    ids = id_bounds(graph)
+    tokens = next(iter(ids), graph.inputs[0] if graph.inputs else None)
+    out: dict = {"ids": ids, "positions": {}, "lengths": {}}
+    capacity = graph.meta.get("max_context")
+    if POSITIONS in graph.inputs and tokens is not None and type(capacity) is int and capacity > 0:
+        out["positions"][POSITIONS] = [capacity, tokens]
+    if LENGTHS in graph.inputs and tokens is not None:
+        out["lengths"][LENGTHS] = tokens
+    return out
+
+
+def _range(x) -> tuple[int, int] | None:
+    """(min, max) of an integer tensor or array, None when empty (nothing to check)."""
+    if isinstance(x, np.ndarray):
+        return (int(x.min()), int(x.max())) if x.size else None
     if x.is_meta or not x.numel():
-        return
-    bad = (x < 0) | (x >= rows)
-    if bool(bad.any()):
-        where = [int(i) for i in bad.nonzero()[0]]
-        raise InputError(f"input {name!r}: id {int(x[tuple(where)])} at {where} is outside [0, {rows})")
+        return None
+    lo, hi = value_range(x)
+    return int(lo), int(hi)
+
+
+def check_limits(entry: str, limits: Mapping, names: Sequence[str], inputs: Sequence) -> None:
+    """Raise an InputError when an id, position or length of `inputs` (tensors or arrays,
+    named `names`) falls outside what `limits` says the entry's kernels may index."""
+    def value(name: str):
+        return inputs[names.index(name)]
+
+    for name, rows in limits.get("ids", {}).items():
+        r = _range(value(name))
+        if r and (r[0] < 0 or r[1] >= rows):
+            bad = r[0] if r[0] < 0 else r[1]
+            raise InputError(f"{entry} input {name!r}: id {bad} is outside [0, {rows}) (the vocabulary)")
+    for name, (capacity, tokens) in limits.get("positions", {}).items():
+        T, r = int(value(tokens).shape[1]), _range(value(name))
+        if r and r[0] < 0:
+            raise InputError(f"{entry} input {name!r}: position {r[0]} is negative")
+        if r and r[1] + T > capacity:
+            raise InputError(f"{entry} input {name!r}: a sequence holds {r[1]} tokens and {T} more do not fit "
+                             f"the caches' {capacity} rows (prefill again or compile with a larger max_context)")
+    for name, tokens in limits.get("lengths", {}).items():
+        T, r = int(value(tokens).shape[1]), _range(value(name))
+        if r and (r[0] < 1 or r[1] > T):
+            raise InputError(f"{entry} input {name!r}: length {r[0] if r[0] < 1 else r[1]} is outside [1, {T}] "
+                             f"(T = {T} tokens a row)")
 
 
 _NUMPY_DTYPES = (torch.float32, torch.float64, torch.float16, torch.int64, torch.int32)
@@ -68,8 +119,7 @@ def check_inputs(graph: Graph, inputs: Sequence[torch.Tensor], nonpositive: Sequ
     """Bind the dims of `graph` from `inputs` or raise an InputError naming the misfit; the
     inputs named in `nonpositive` (log-decays of kernels that assume g <= 0) are checked too."""
     env = bind_dims(graph, inputs)
-    for name, rows in id_bounds(graph).items():
-        check_ids(name, inputs[graph.inputs.index(name)], rows)
+    check_limits(graph.meta.get("entry", "the graph"), limits(graph), graph.inputs, inputs)
     for name in nonpositive:
         check_nonpositive(name, inputs[graph.inputs.index(name)], backend)
     return env

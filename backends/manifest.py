@@ -134,6 +134,41 @@ class Fields:
             self.fail(field, f"has {len(items)} dims (at most 16)")
         return [self.dim(d, f"{field}[{i}]", symbols) for i, d in enumerate(items)]
 
+    def limits(self, value: object, field: str, ranks: Mapping[str, int]) -> dict:
+        """An entry's `limits` (backends/contract.py) over its inputs (name -> rank)."""
+        v = self.obj(value, field)
+        extra = set(v) - {"ids", "positions", "lengths"}
+        if extra:
+            self.fail(field, f"has unknown member(s) {sorted(extra)[:4]}")
+
+        def member(name: object, where: str, rank: int = 1) -> str:
+            if not isinstance(name, str) or ranks.get(name, 0) < rank:
+                self.fail(where, f"names {str(name)[:40]!r}, not an input of rank >= {rank} of the entry")
+            return name
+
+        out: dict = {"ids": {}, "positions": {}, "lengths": {}}
+        for name, rows in self.obj(v.get("ids", {}), f"{field}.ids").items():
+            out["ids"][member(name, f"{field}.ids")] = self.integer(rows, f"{field}.ids.{name}", lo=1)
+        for name, pair in self.obj(v.get("positions", {}), f"{field}.positions").items():
+            where = f"{field}.positions.{member(name, f'{field}.positions')}"
+            if len(self.seq(pair, where)) != 2:
+                self.fail(where, "must be [capacity, token input]")
+            out["positions"][name] = [self.integer(pair[0], f"{where}[0]", lo=1), member(pair[1], f"{where}[1]", 2)]
+        for name, tokens in self.obj(v.get("lengths", {}), f"{field}.lengths").items():
+            out["lengths"][member(name, f"{field}.lengths")] = member(tokens, f"{field}.lengths.{name}", 2)
+        return out
+
+    def version(self, manifest: dict, fmt: str, versions: tuple[int, ...] = (1,)) -> None:
+        """The manifest's `format` is `fmt` and its `format_version` (when it has one) one k3c reads."""
+        got = manifest.get("format")
+        if got != fmt:
+            self.fail("format", f"is {str(got)[:40]!r}; this loader reads {fmt!r}")
+        if "format_version" in manifest:
+            v = manifest["format_version"]
+            if isinstance(v, bool) or v not in versions:
+                self.fail("format_version", f"is {str(v)[:20]}; this k3c reads version(s) "
+                          f"{', '.join(map(str, versions))} (a newer k3c wrote it?)")
+
 
 def symbols(dims: Mapping[str, object]) -> dict[str, sympy.Symbol]:
     return {n: D.sym(n) for n in dims}

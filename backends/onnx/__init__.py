@@ -98,7 +98,7 @@ class OnnxBackend:
         manifest = build_manifest(graphs, self.flavour, reports, model=model, config=config, pipeline=pipeline,
                                   opsets=opsets)
         out = write_artifact(Path(out_dir), models, manifest)
-        seal(out, backend=self.name, model=model, variant=self.flavour)
+        seal(out, backend=self.name, model=model, variant=self.flavour, graphs=graphs)
         return out
 
     def load(self, out_dir: Path) -> OnnxRunner:

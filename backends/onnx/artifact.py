@@ -123,10 +123,61 @@ def write_artifact(out_dir: Path, models: dict[str, onnx.ModelProto], manifest: 
 
 
 def read_manifest(out_dir: str | Path) -> dict:
+    """The manifest of an ONNX artifact, every field the runner uses checked (check_manifest)."""
+    from ..artifact import read
+
     path = Path(out_dir) / MANIFEST
     if not path.exists():
         raise ArtifactError(f"{out_dir} is not a k3c ONNX artifact: no {MANIFEST}")
-    manifest = json.loads(path.read_text())
-    if manifest.get("format") != FORMAT:
-        raise ValueError(f"{path}: not a k3c ONNX manifest (format {manifest.get('format')!r})")
+    manifest = read(out_dir)
+    if manifest is None:
+        raise ArtifactError(f"{path}: not a JSON object")
+    check_manifest(manifest, path)
     return manifest
+
+
+def check_manifest(manifest: dict, path: Path) -> dict[str, dict]:
+    """Check the fields the runner reads (a ManifestError names the first wrong one); returns
+    per entry its input shapes parsed ("shapes") and what its integer inputs index ("limits")."""
+    from ..manifest import Fields, symbols
+
+    f = Fields(path)
+    f.obj(manifest, "", keys=("format", "entries", "dims"))
+    f.version(manifest, FORMAT, (1,))
+    dims = f.dims(manifest["dims"], "dims")
+    syms = symbols(dims)
+    recorded = f.obj(manifest.get("limits", {}), "limits")
+    dtypes = tuple(sorted(set(DTYPE_NAMES.values())))
+    out = {}
+    for entry, spec in f.obj(manifest["entries"], "entries").items():
+        where = f"entries.{f.dim_name(entry, 'entries key')}"
+        spec = f.obj(spec, where, keys=("file", "inputs", "outputs"))
+        f.file(spec["file"], f"{where}.file")
+        shapes, ranks, ids = [], {}, {}
+        for i, io in enumerate(f.seq(spec["inputs"], f"{where}.inputs")):
+            at = f"{where}.inputs[{i}]"
+            io = f.obj(io, at, keys=("name", "dtype", "shape"))
+            name = f.text(io["name"], f"{at}.name")
+            if name in ranks:
+                f.fail(f"{at}.name", f"repeats the input {name[:40]!r}")
+            f.text(io["dtype"], f"{at}.dtype", choices=dtypes)
+            shapes.append(f.shape(io["shape"], f"{at}.shape", syms))
+            ranks[name] = len(shapes[-1])
+            if "bounds" in io:
+                b = f.seq(io["bounds"], f"{at}.bounds")
+                if len(b) != 2 or f.integer(b[0], f"{at}.bounds[0]") != 0:
+                    f.fail(f"{at}.bounds", "must be [0, rows]")
+                ids[name] = f.integer(b[1], f"{at}.bounds[1]", lo=1)
+        for i, io in enumerate(f.seq(spec["outputs"], f"{where}.outputs")):
+            f.text(f.obj(io, f"{where}.outputs[{i}]", keys=("name",))["name"], f"{where}.outputs[{i}].name")
+        if entry in recorded:
+            limits = f.limits(recorded[entry], f"limits.{entry}", ranks)
+        elif "positions" in ranks or "lengths" in ranks:
+            f.fail("limits", f"records nothing for {entry!r}, whose positions or lengths index its caches "
+                   f"(compile the artifact again)")
+        else:
+            limits = {"ids": ids}
+        out[entry] = {"shapes": shapes, "limits": limits}
+    if not out:
+        f.fail("entries", "lists no entry")
+    return out

@@ -1,23 +1,27 @@
 """Running an ONNX artifact with onnxruntime: `OnnxRunner(out_dir).run("decode", ids, *state)`.
 
 Inputs are checked against the manifest before onnxruntime sees them, so a wrong state
-shape is an `InputError` naming the input and the shape it expects, not a runtime crash.
+shape is an `InputError` naming the input and the shape it expects, not a runtime crash; ids,
+positions and lengths against what the entry indexes (backends/contract.py). The manifest is
+data: every field is checked when the runner starts, and its dims are parsed by k3c's bounded
+parser, never evaluated.
 The CUDA provider is used when onnxruntime has it, else the CPU provider. Worker threads
 do not spin between ops by default (`spinning=True` restores onnxruntime's default).
 """
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 
 import numpy as np
 import sympy
 import torch
 
-from ...errors import InputError
-from ..artifact import verify
-from .artifact import read_manifest
+from ...errors import InputError, UsageError
+from ..artifact import listed, verify
+from ..contract import check_limits
+from ..manifest import evaluate
+from .artifact import check_manifest
 from .inplace import aliases, run_bound
 
 
@@ -32,44 +36,34 @@ def _fmt(spec: dict) -> str:
     return f"{spec['dtype']}[{', '.join(str(d) for d in spec['shape'])}]"
 
 
-@functools.cache
-def _dim_fn(text: str):
-    """A dim expression of the manifest ("P + 1") as a function of the bound dims."""
-    expr = sympy.sympify(text)
-    names = sorted(str(x) for x in expr.free_symbols)
-    fn = sympy.lambdify([sympy.Symbol(n) for n in names], expr, modules="math")
-    return lambda env: int(fn(*(env[n] for n in names)))
-
-
-def check_inputs(entry: str, specs: list[dict], arrays: list[np.ndarray], dims: dict) -> dict[str, int]:
-    """Bind the symbolic dims from the inputs; an InputError names the first misfit."""
+def check_inputs(entry: str, specs: list[dict], arrays: list[np.ndarray], dims: dict,
+                 parsed: dict | None = None) -> dict[str, int]:
+    """Bind the symbolic dims from the inputs; an InputError names the first misfit. `parsed`:
+    the entry's check_manifest result (its shapes parsed, its limits)."""
     if len(arrays) != len(specs):
         names = ", ".join(s["name"] for s in specs)
         raise InputError(f"{entry} takes {len(specs)} inputs ({names}), got {len(arrays)}")
+    shapes = parsed["shapes"] if parsed else [list(s["shape"]) for s in specs]
     env: dict[str, int] = {}
-    for spec, a in zip(specs, arrays):
-        if a.dtype.name != spec["dtype"] or a.ndim != len(spec["shape"]):
+    for spec, shape, a in zip(specs, shapes, arrays):
+        if a.dtype.name != spec["dtype"] or a.ndim != len(shape):
             got = f"{a.dtype.name}{list(a.shape)}"
             raise InputError(f"{entry} input {spec['name']!r}: expected {_fmt(spec)}, got {got}")
-        for d, n in zip(spec["shape"], a.shape):
-            if isinstance(d, str) and d.isidentifier():
-                env.setdefault(d, int(n))
-    for spec, a in zip(specs, arrays):
-        for axis, (d, n) in enumerate(zip(spec["shape"], a.shape)):
-            want = d if isinstance(d, int) else env[d] if d in env else _dim_fn(d)(env)
+        for d, n in zip(shape, a.shape):
+            if isinstance(d, sympy.Symbol):
+                env.setdefault(d.name, int(n))
+    for spec, shape, a in zip(specs, shapes, arrays):
+        for axis, (d, n) in enumerate(zip(shape, a.shape)):
+            want = evaluate(d, env, f"{entry} input {spec['name']!r} dim {axis}")
             if int(n) != want:
                 raise InputError(f"{entry} input {spec['name']!r}: expected {_fmt(spec)} with "
                                  f"{', '.join(f'{k}={v}' for k, v in env.items())}, got {list(a.shape)} "
                                  f"(dim {axis} is {n}, expected {want})")
-    for spec, a in zip(specs, arrays):
-        if "bounds" in spec and a.size:
-            lo, hi = spec["bounds"]
-            bad = a[(a < lo) | (a >= hi)]
-            if bad.size:
-                raise InputError(f"{entry} input {spec['name']!r}: id {int(bad.flat[0])} is outside [{lo}, {hi})")
     for name, (lo, hi) in dims.items():
         if name in env and (env[name] < lo or (hi is not None and env[name] > hi)):
             raise InputError(f"{entry}: dim {name} = {env[name]} is outside [{lo}, {hi if hi is not None else 'inf'}]")
+    if parsed:
+        check_limits(entry, parsed["limits"], [s["name"] for s in specs], arrays)
     return env
 
 
@@ -79,8 +73,13 @@ class OnnxRunner:
     def __init__(self, out_dir: str | Path, providers: list[str] | None = None, threads: int | None = None,
                  spinning: bool = False):
         self.out_dir = Path(out_dir)
-        verify(self.out_dir, "onnx")  # every file present and undamaged before onnxruntime maps it
-        self.manifest = read_manifest(self.out_dir)
+        manifest = verify(self.out_dir, "onnx")  # every file present and undamaged before onnxruntime maps it
+        self._parsed = check_manifest(manifest, self.out_dir / "manifest.json")
+        for entry, spec in manifest["entries"].items():
+            listed(self.out_dir, manifest, spec["file"], f"entries.{entry}.file")
+        if "weights" in manifest:
+            listed(self.out_dir, manifest, manifest["weights"], "weights")
+        self.manifest = manifest
         self.providers = providers or default_providers()
         self.threads, self.spinning = threads, spinning
         self._sessions: dict = {}
@@ -88,7 +87,7 @@ class OnnxRunner:
 
     def session(self, entry: str):
         if entry not in self.manifest["entries"]:
-            raise KeyError(f"{self.out_dir} has no entry {entry!r}; it has {', '.join(self.manifest['entries'])}")
+            raise UsageError(f"{self.out_dir} has no entry {entry!r}; it has {', '.join(self.manifest['entries'])}")
         if entry not in self._sessions:
             import onnxruntime as ort
 
@@ -107,9 +106,9 @@ class OnnxRunner:
     def run_numpy(self, entry: str, *inputs: np.ndarray) -> list[np.ndarray]:
         spec = self.manifest["entries"].get(entry)
         if spec is None:
-            raise KeyError(f"{self.out_dir} has no entry {entry!r}; it has {', '.join(self.manifest['entries'])}")
+            raise UsageError(f"{self.out_dir} has no entry {entry!r}; it has {', '.join(self.manifest['entries'])}")
         arrays = [np.ascontiguousarray(a) for a in inputs]
-        check_inputs(entry, spec["inputs"], arrays, self.manifest.get("dims", {}))
+        check_inputs(entry, spec["inputs"], arrays, self.manifest["dims"], self._parsed[entry])
         alias = self._aliases(entry)
         if alias:  # fixed-capacity caches: written in place (inplace.py)
             return run_bound(self.session(entry), spec["inputs"], spec["outputs"], arrays, alias)

@@ -78,7 +78,8 @@ class TvmBackend:
         ex, seconds = (None, 0.0) if cache.fetch(k, out) else build(graphs, target, **opts)
         out = export(ex, graphs, out, target, opts, seconds)
         cache.store(k, out)
-        seal(out, backend=self.name, model=next(iter(graphs.values())).meta.get("model"), variant=target)
+        seal(out, backend=self.name, model=next(iter(graphs.values())).meta.get("model"), variant=target,
+             graphs=graphs)
         return out
 
     def load(self, out_dir: Path) -> TvmRunner:

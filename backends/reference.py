@@ -1,7 +1,8 @@
 """The reference backend: the IR interpreter. Always available; the definition of correct.
 
 Its artifact is the graph itself (`DIR/{entry}/graph.k3c` + weights), so a reference
-compile also shows what every other backend starts from.
+compile also shows what every other backend starts from. Loading reads the manifest as data:
+its entries are plain names of folders the manifest lists, parsed by the IR's own parser.
 """
 
 from __future__ import annotations
@@ -10,10 +11,13 @@ import json
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 
+from ..errors import ArtifactError, K3cError, UsageError
 from ..ir import OPS, Graph, Node, interpret, load, save
-from .artifact import MANIFEST, seal, verify
+from .artifact import MANIFEST, listed, seal, verify
 from .contract import check_inputs
+from .manifest import Fields
 from .weights import unshare_weights
 
 FORMAT = "k3c-reference/1"
@@ -25,7 +29,7 @@ class ReferenceRunner:
 
     def run(self, entry: str, *inputs: torch.Tensor) -> list[torch.Tensor]:
         if entry not in self.entries:
-            raise KeyError(f"the reference artifact has no entry {entry!r}; it has {', '.join(self.entries)}")
+            raise UsageError(f"the reference artifact has no entry {entry!r}; it has {', '.join(self.entries)}")
         check_inputs(self.entries[entry], inputs)  # an InputError names an input, an id or a dim out of range
         return interpret(self.entries[entry], *inputs)
 
@@ -58,7 +62,22 @@ class ReferenceBackend:
     def load(self, out_dir: Path) -> ReferenceRunner:
         out_dir = Path(out_dir)
         manifest = verify(out_dir, self.name)
-        return ReferenceRunner({e: load(out_dir / e) for e in manifest["entries"]})
+        f = Fields(out_dir / MANIFEST)
+        f.version(manifest, FORMAT)
+        names = f.names(manifest.get("entries"), "entries")
+        if not names:
+            f.fail("entries", "lists no entry")
+        entries = {}
+        for e in names:
+            f.dim_name(e, "entries")  # a folder of this artifact, never a path ("../other/decode")
+            listed(out_dir, manifest, f"{e}/graph.k3c", "entries")
+            try:
+                entries[e] = load(out_dir / e)
+            except K3cError:
+                raise
+            except (ValueError, OSError, SafetensorError) as err:
+                raise ArtifactError(f"{out_dir / e}: not a graph k3c reads ({err})") from None
+        return ReferenceRunner(entries)
 
     def runner(self, graphs: dict[str, Graph]) -> ReferenceRunner:
         """Run graphs in memory, without writing them."""

@@ -18,12 +18,13 @@ from pathlib import Path
 
 import torch
 
-from ...errors import ArtifactError
+from ...errors import ArtifactError, UsageError
 from ...ir import Graph, InputError, Node, parse, print_graph
 from .. import tables as L
-from ..artifact import seal, verify
+from ..artifact import listed, seal, verify
 from ..base import legalized
 from ..contract import check_inputs
+from ..manifest import Fields
 from ..signs import decay_inputs
 from ..weights import unshared
 from .codegen import generate_module
@@ -45,7 +46,7 @@ class TritonRunner:
         """Outputs in the graph's order, on the device of the inputs (CPU inputs on a GPU
         machine run on the GPU and come back; CUDA inputs stay there, state included)."""
         if entry not in self.entries:
-            raise KeyError(f"the Triton artifact has no entry {entry!r}; it has {', '.join(self.entries)}")
+            raise UsageError(f"the Triton artifact has no entry {entry!r}; it has {', '.join(self.entries)}")
         if self.missing:
             raise ArtifactError(self.missing)
         g = self.entries[entry]  # an InputError names an input, an id, a dim out of range or a log-decay > 0
@@ -125,25 +126,34 @@ class TritonBackend:
         if not manifest_file.exists():
             raise ArtifactError(f"{out} holds no Triton artifact (no manifest.json); run k3c compile first")
         manifest = verify(out, self.name)
-        if manifest.get("format") != FORMAT:
-            raise ValueError(f"{manifest_file}: format {manifest.get('format')!r}, this k3c reads {FORMAT!r}")
+        f = Fields(manifest_file)
+        f.version(manifest, FORMAT)
+        if manifest.get("module") != MODULE_FILE:  # the one file of code it imports: k3c's name, listed
+            f.fail("module", f"must be {MODULE_FILE!r}")
+        module_file = listed(out, manifest, MODULE_FILE, "module")
         from ...kernels.common.triton import DEVICE
 
-        entries = {e: parse((out / spec["graph"]).read_text()) for e, spec in manifest["entries"].items()}
+        entries = {}
+        for e, spec in f.obj(manifest.get("entries"), "entries").items():
+            where = f"entries.{f.dim_name(e, 'entries key')}"
+            graph = listed(out, manifest, f.obj(spec, where, keys=("graph",))["graph"], f"{where}.graph")
+            entries[e] = parse(graph.read_text())
+        if not entries:
+            f.fail("entries", "lists no entry")
         needed = {w for g in entries.values() for w in g.weights}
         wfile = out / "weights.safetensors"
         tensors = {}
         if wfile.exists():
             from safetensors.torch import load_file
 
-            tensors = load_file(str(wfile))
+            tensors = load_file(str(listed(out, manifest, wfile.name, "files")))
         missing = sorted(needed - set(tensors))
         why = ""
         if missing:  # said when it runs: the artifact (and its AOT kernels) is still the result
             why = (f"{out}: no data for weight(s) {missing[:4]}{' ...' if len(missing) > 4 else ''} "
                    f"(a model built on the meta device compiles, but cannot run)")
         weights = {k: v.to(DEVICE) for k, v in tensors.items()}
-        return TritonRunner(_import(out / manifest["module"]), entries, weights, DEVICE, why)
+        return TritonRunner(_import(module_file), entries, weights, DEVICE, why)
 
 
 def _import(path: Path):

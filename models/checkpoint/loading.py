@@ -39,7 +39,17 @@ from .layouts import (
     tied_aliases,
 )
 from .mxfp4 import check_quantization
-from .shards import CONFIG_NAME, DTYPES, TensorInfo, check_index, read_headers, read_json, read_shard, weight_files
+from .shards import (
+    CONFIG_NAME,
+    DTYPES,
+    TensorInfo,
+    check_index,
+    own_file,
+    read_headers,
+    read_json,
+    read_shard,
+    weight_files,
+)
 
 log = logging.getLogger("k3c.models")
 
@@ -156,7 +166,7 @@ def from_pretrained(path: str | Path, *, dtype: torch.dtype | str | None = None,
     path = Path(path)
     if not (path / CONFIG_NAME).is_file():
         raise FileNotFoundError(f"no {CONFIG_NAME} in {path}")
-    raw = read_json(path / CONFIG_NAME)
+    raw = read_json(own_file(path, CONFIG_NAME))
     cfg = config_from_json(raw)
     files, index = weight_files(path)
     where, metadata = read_headers(files)

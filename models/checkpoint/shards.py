@@ -2,7 +2,9 @@
 
 A folder holds `model.safetensors`, or shards named by `model.safetensors.index.json`
 (`model-00001-of-00020.safetensors` in Kimi Linear, `model-00001-of-000096.safetensors`,
-a 6-digit total, in K3). Every file the index names must lie inside the folder. Headers are
+a 6-digit total, in K3), never both (which one another tool loads differs, so k3c refuses to
+guess). Every file read must lie inside the folder: a name of the index that leaves it and a
+link to a file outside it (config.json, model.safetensors, the index, a shard) are refused. Headers are
 read first (names, shapes, dtypes: nothing is loaded); tensors are then read one shard at a
 time. A file that is not valid JSON or safetensors is a `CheckpointError` naming it.
 """
@@ -66,9 +68,20 @@ def inside(folder: Path, name: object, what: str) -> Path:
     return folder / name
 
 
+def own_file(folder: Path, name: str) -> Path:
+    """`folder / name`, refused when it is a link that leads outside `folder`."""
+    file = folder / name
+    if file.is_symlink() and not file.resolve().is_relative_to(folder.resolve()):
+        raise CheckpointError(f"{name} is a link to {file.resolve()}, outside the checkpoint folder {folder}")
+    return file
+
+
 def weight_files(path: Path) -> tuple[list[Path], dict | None]:
     """The safetensors files of the folder and the index (None for a single file)."""
-    single, index = path / WEIGHTS_NAME, path / INDEX_NAME
+    single, index = own_file(path, WEIGHTS_NAME), own_file(path, INDEX_NAME)
+    if single.is_file() and index.is_file():
+        raise CheckpointError(f"{path} holds both {WEIGHTS_NAME} and {INDEX_NAME} with its shards; which is the "
+                              f"checkpoint is ambiguous: remove the stale one")
     if single.is_file():
         return [single], None
     if not index.is_file():
@@ -125,4 +138,4 @@ def read_shard(file: Path, keys: list[str], device: str | torch.device = "cpu") 
 
 
 __all__ = ["CONFIG_NAME", "WEIGHTS_NAME", "INDEX_NAME", "SHARD_RE", "DTYPES", "TensorInfo", "read_json",
-           "inside", "weight_files", "read_headers", "check_index", "read_shard"]
+           "inside", "own_file", "weight_files", "read_headers", "check_index", "read_shard"]

@@ -4,7 +4,9 @@ into column panels, as BLAS libraries do.
     Wp[p, k, j] = W[p * c + j, k]          [ceil(N / c), K, c], zero columns past N
 
 The packing is weight-only work, so the build lifts it into `transform_params` and it runs
-once at load. Each parallel task owns a tile of `rows` x `c` outputs: the accumulators stay in
+once at load. It is a re-layout only: the panels hold the weight's stored dtype (float32, or
+bfloat16 that the kernel widens in registers: `widen`), so a BF16 weight stays 2 bytes in
+memory. Each parallel task owns a tile of `rows` x `c` outputs: the accumulators stay in
 vector registers, the k loop reads one contiguous row of the panel and broadcasts one x value
 per row. With c = 16 and rows = 6 that is 12 accumulators of AVX2's 16, the classic AVX2
 micro-kernel; a CPU with AVX-512 (32 registers of 16 floats) takes c = 32 and rows = 8, 16
@@ -12,6 +14,11 @@ accumulators: with 6 of them an FMA waited on the one before it (4 cycles, 2 por
 the 1024 x 512 x 3072 GEMM of a user's linear ran 1.4 to 2 times faster so, side by side on a
 2-core AVX-512 Xeon. Rows past M read row M - 1 (clamped, so the inner loop has no branch)
 and are not written back; neither are the padding columns.
+
+A decode step's GEMV (rows = 1) of a BF16 weight splits the k loop over `GEMV_SPLIT`
+accumulator sets, summed at the end: with one set, two FMAs per k wait on the two before
+them and the kernel ran at a fraction of the read bandwidth (BENCHMARKS.md). Float32 weights
+keep one set, so an fp32 model computes exactly what it did.
 
 The loops are written out here (no `s_tir` schedule): a scheduled block with a row predicate
 made LLVM keep the accumulators in memory.
@@ -24,6 +31,8 @@ from tvm.script import tirx as T
 
 PANEL = 16  # columns per panel: two AVX2 vectors
 WIDE_PANEL = 32  # two AVX-512 vectors
+GEMV_SPLIT = 4  # accumulator sets of a BF16 GEMV: 4 x 2 vectors in flight
+WEIGHT_DTYPES = ("float32", "bfloat16")
 
 
 def packed_rows(decode: bool, c: int = PANEL) -> int:
@@ -32,8 +41,18 @@ def packed_rows(decode: bool, c: int = PANEL) -> int:
     return 1 if decode else (8 if c == WIDE_PANEL else 6)
 
 
-def packed_linear(K: int, N: int, rows: int, c: int = PANEL) -> tirx.PrimFunc:
-    """x [M, K], wp [ceil(N / c), K, c] -> y [M, N]; float32, M dynamic."""
+def widen(value, dtype: str):
+    """A weight element of `dtype` as float32: bfloat16 is the high half of a float32 (LLVM
+    emits a zero-extend and a 16-bit shift per vector), float32 is itself."""
+    return value if dtype == "float32" else T.Cast("float32", value)
+
+
+def packed_linear(K: int, N: int, rows: int, c: int = PANEL, wdtype: str = "float32") -> tirx.PrimFunc:
+    """x [M, K], wp [ceil(N / c), K, c] (`wdtype`) -> y [M, N]; float32 compute, M dynamic."""
+    if wdtype not in WEIGHT_DTYPES:
+        raise ValueError(f"packed_linear: weight dtype {wdtype!r}; known: {', '.join(WEIGHT_DTYPES)}")
+    if rows == 1 and wdtype != "float32" and K >= GEMV_SPLIT:
+        return _gemv(K, N, c, wdtype)
     P = T.int64((N + c - 1) // c)
     Kc, Nc, cc, R_ = T.int64(K), T.int64(N), T.int64(c), T.int64(rows)
     ragged = N % c != 0
@@ -43,7 +62,7 @@ def packed_linear(K: int, N: int, rows: int, c: int = PANEL) -> tirx.PrimFunc:
         T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True, "op_pattern": 8})  # 8: opaque
         M = T.int64()
         x = T.match_buffer(x_h, (M, Kc), "float32")
-        w = T.match_buffer(w_h, (P, Kc, cc), "float32")
+        w = T.match_buffer(w_h, (P, Kc, cc), wdtype)
         y = T.match_buffer(y_h, (M, Nc), "float32")
         tiles = (M + R_ - T.int64(1)) // R_
         for t in T.parallel(P * tiles):
@@ -54,7 +73,8 @@ def packed_linear(K: int, N: int, rows: int, c: int = PANEL) -> tirx.PrimFunc:
             for k in range(Kc):
                 for i in T.unroll(R_):
                     for j in T.vectorized(cc):
-                        acc[i, j] = acc[i, j] + x[T.min((t % tiles) * R_ + i, M - T.int64(1)), k] * w[t // tiles, k, j]
+                        acc[i, j] = acc[i, j] + x[T.min((t % tiles) * R_ + i, M - T.int64(1)), k] * widen(
+                            w[t // tiles, k, j], wdtype)
             for i in T.unroll(R_):
                 if (t % tiles) * R_ + i < M:
                     if ragged:
@@ -64,5 +84,45 @@ def packed_linear(K: int, N: int, rows: int, c: int = PANEL) -> tirx.PrimFunc:
                     else:
                         for j in T.vectorized(cc):
                             y[(t % tiles) * R_ + i, (t // tiles) * cc + j] = acc[i, j]
+
+    return kernel
+
+
+def _gemv(K: int, N: int, c: int, wdtype: str) -> tirx.PrimFunc:
+    """packed_linear with one row a task and the k loop over GEMV_SPLIT accumulator sets."""
+    P = T.int64((N + c - 1) // c)
+    Kc, Nc, cc, S = T.int64(K), T.int64(N), T.int64(c), T.int64(GEMV_SPLIT)
+    Kmain = T.int64(K - K % GEMV_SPLIT)
+    ragged = N % c != 0
+
+    @T.prim_func
+    def kernel(x_h: T.handle, w_h: T.handle, y_h: T.handle):
+        T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True, "op_pattern": 8})
+        M = T.int64()
+        x = T.match_buffer(x_h, (M, Kc), "float32")
+        w = T.match_buffer(w_h, (P, Kc, cc), wdtype)
+        y = T.match_buffer(y_h, (M, Nc), "float32")
+        for t in T.parallel(P * M):
+            acc = T.decl_buffer((S, cc), "float32", scope="local")
+            for s in T.unroll(S):
+                for j in T.vectorized(cc):
+                    acc[s, j] = T.float32(0)
+            for ko in range(Kmain // S):
+                for s in T.unroll(S):
+                    for j in T.vectorized(cc):
+                        acc[s, j] = acc[s, j] + x[t % M, ko * S + s] * widen(w[t // M, ko * S + s, j], wdtype)
+            for k in range(Kmain, Kc):
+                for j in T.vectorized(cc):
+                    acc[0, j] = acc[0, j] + x[t % M, k] * widen(w[t // M, k, j], wdtype)
+            for s in T.unroll(T.int64(1), S):
+                for j in T.vectorized(cc):
+                    acc[0, j] = acc[0, j] + acc[s, j]
+            if ragged:
+                for j in T.unroll(cc):
+                    if (t // M) * cc + j < Nc:
+                        y[t % M, (t // M) * cc + j] = acc[0, j]
+            else:
+                for j in T.vectorized(cc):
+                    y[t % M, (t // M) * cc + j] = acc[0, j]
 
     return kernel

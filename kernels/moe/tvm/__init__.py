@@ -13,6 +13,11 @@ and `permute_dims` that pack them are lifted into the one-time parameter transfo
 feature loops run as vectors (llvm) or threads (cuda); the schedules run the experts in
 parallel (llvm) or one per thread block (cuda). A tile holds `rows` routed rows: 6 x 16
 accumulators fill AVX2's registers in prefill, one row suits a decode step.
+
+`weights` says how the kernels hold the experts: "float32" panels as above, or "mxfp4": the
+stored codes and scale bytes in panels (moe/tvm/mxfp4.py), decoded in registers one panel row
+of F features at a time, once for all the rows of a tile, so no float expert ever exists in
+memory. The rest of a kernel is the same for both.
 """
 
 from __future__ import annotations
@@ -21,6 +26,9 @@ from tvm import s_tir, tirx
 from tvm.script import tirx as T
 
 from ...common.tvm import inner_loop
+from . import mxfp4 as mx
+
+FORMATS = ("float32", "mxfp4")
 
 
 def _tile(n: int, full: int) -> int:
@@ -36,13 +44,28 @@ def panel(n: int) -> int:
     return _tile(n, 16)
 
 
-def moe_gate_up(E: int, D: int, I2: int, k: int, target: str = "llvm", rows: int = 6) -> tirx.PrimFunc:
-    """h [N, D], w13p [E, I2 / F, D, F], idx [N, k] (int64) -> gu [N, k, I2]; float32, F = panel(I2)."""
+def weight_panels(fmt: str, E: int, n_out: int, n_in: int) -> tuple[tuple[int, ...], str]:
+    """(shape, dtype) of an expert weight [E, n_out, n_in] in panels of `fmt`."""
+    if fmt not in FORMATS:
+        raise ValueError(f"routed-expert weights: unknown format {fmt!r}; known: {', '.join(FORMATS)}")
+    F = panel(n_out)
+    if fmt == "mxfp4":
+        return (E, n_out // F, n_in // mx.G, mx.ROW, F), "uint8"
+    return (E, n_out // F, n_in, F), "float32"
+
+
+def moe_gate_up(E: int, D: int, I2: int, k: int, target: str = "llvm", rows: int = 6,
+                weights: str = "float32") -> tirx.PrimFunc:
+    """h [N, D], w13 panels (`weight_panels`), idx [N, k] (int64) -> gu [N, k, I2]; float32
+    compute, F = panel(I2)."""
     F = panel(I2)
     cols = inner_loop(target)
+    wshape, wdtype = weight_panels(weights, E, I2, D)
+    mxfp4 = weights == "mxfp4"
+    NG, CB = D // mx.G, mx.CODE_BYTES
 
     @T.prim_func(s_tir=True)
-    def kernel(h_h: T.handle, w: T.Buffer((E, I2 // F, D, F), "float32"), idx_h: T.handle, gu_h: T.handle):
+    def kernel(h_h: T.handle, w: T.Buffer(wshape, wdtype), idx_h: T.handle, gu_h: T.handle):
         T.func_attr({"tirx.noalias": True})
         N = T.int64()
         h = T.match_buffer(h_h, (N, D), "float32")
@@ -52,11 +75,15 @@ def moe_gate_up(E: int, D: int, I2: int, k: int, target: str = "llvm", rows: int
         for e in range(E):
             with T.sblock("expert"):
                 ve = T.axis.spatial(E, e)
-                T.reads(h[0:N, 0:D], w[ve, 0:I2 // F, 0:D, 0:F], idx[0:N, 0:k])
+                T.reads(h[0:N, 0:D], w[ve, 0:I2 // F, 0:D, 0:F] if not mxfp4 else w[ve, 0:I2 // F, 0:NG, 0:mx.ROW, 0:F],
+                        idx[0:N, 0:k])
                 T.writes(gu[0:N, 0:k, 0:I2], pairs[ve, 0:N * k])
                 cnt = T.alloc_buffer((1,), "int64", scope="local")
                 acc = T.alloc_buffer((rows, F), "float32", scope="local")
                 tok = T.alloc_buffer((rows,), "int64", scope="local")
+                sc = T.alloc_buffer((F,), "float32", scope="local")
+                lo = T.alloc_buffer((F,), "float32", scope="local")
+                hi = T.alloc_buffer((F,), "float32", scope="local")
                 cnt[0] = T.int64(0)
                 for p in range(N * k):
                     if idx[p // k, p % k] == T.Cast("int64", ve):
@@ -69,10 +96,23 @@ def moe_gate_up(E: int, D: int, I2: int, k: int, target: str = "llvm", rows: int
                         for r in T.unroll(rows):
                             for f in cols(F):
                                 acc[r, f] = T.float32(0)
-                        for d in range(D):
-                            for r in T.unroll(rows):
+                        if mxfp4:
+                            for g in range(NG):
                                 for f in cols(F):
-                                    acc[r, f] = acc[r, f] + h[tok[r], d] * w[ve, fo, d, f]
+                                    sc[f] = mx.e8m0(T.Cast("int32", w[ve, fo, g, CB, f]))
+                                for j in range(CB):
+                                    for f in cols(F):  # the panel row decoded once for all rows
+                                        lo[f] = mx.e2m1(mx.low(w[ve, fo, g, j, f])) * sc[f]
+                                        hi[f] = mx.e2m1(mx.high(w[ve, fo, g, j, f])) * sc[f]
+                                    for r in T.unroll(rows):
+                                        for f in cols(F):
+                                            acc[r, f] = acc[r, f] + h[tok[r], g * mx.G + 2 * j] * lo[f]
+                                            acc[r, f] = acc[r, f] + h[tok[r], g * mx.G + 2 * j + 1] * hi[f]
+                        else:
+                            for d in range(D):
+                                for r in T.unroll(rows):
+                                    for f in cols(F):
+                                        acc[r, f] = acc[r, f] + h[tok[r], d] * w[ve, fo, d, f]
                         for r in T.unroll(rows):
                             if tile * rows + r < cnt[0]:
                                 for f in cols(F):
@@ -82,15 +122,18 @@ def moe_gate_up(E: int, D: int, I2: int, k: int, target: str = "llvm", rows: int
     return kernel
 
 
-def moe_down(E: int, I: int, Dout: int, k: int, target: str = "llvm", rows: int = 6) -> tirx.PrimFunc:
-    """a [N, k, I], w2p [E, Dout / F, I, F], idx [N, k] (int64), w [N, k] -> y [N, Dout]; float32,
-    F = panel(Dout)."""
+def moe_down(E: int, I: int, Dout: int, k: int, target: str = "llvm", rows: int = 6,
+             weights: str = "float32") -> tirx.PrimFunc:
+    """a [N, k, I], w2 panels (`weight_panels`), idx [N, k] (int64), w [N, k] -> y [N, Dout];
+    float32 compute, F = panel(Dout)."""
     F = panel(Dout)
     cols = inner_loop(target)
+    wshape, wdtype = weight_panels(weights, E, Dout, I)
+    mxfp4 = weights == "mxfp4"
+    NG, CB = I // mx.G, mx.CODE_BYTES
 
     @T.prim_func(s_tir=True)
-    def kernel(a_h: T.handle, w2: T.Buffer((E, Dout // F, I, F), "float32"), idx_h: T.handle, cw_h: T.handle,
-               y_h: T.handle):
+    def kernel(a_h: T.handle, w2: T.Buffer(wshape, wdtype), idx_h: T.handle, cw_h: T.handle, y_h: T.handle):
         T.func_attr({"tirx.noalias": True})
         N = T.int64()
         a = T.match_buffer(a_h, (N, k, I), "float32")
@@ -102,11 +145,15 @@ def moe_down(E: int, I: int, Dout: int, k: int, target: str = "llvm", rows: int 
         for e in range(E):
             with T.sblock("expert"):
                 ve = T.axis.spatial(E, e)
-                T.reads(a[0:N, 0:k, 0:I], w2[ve, 0:Dout // F, 0:I, 0:F], idx[0:N, 0:k], cw[0:N, 0:k])
+                T.reads(a[0:N, 0:k, 0:I], w2[ve, 0:Dout // F, 0:I, 0:F] if not mxfp4
+                        else w2[ve, 0:Dout // F, 0:NG, 0:mx.ROW, 0:F], idx[0:N, 0:k], cw[0:N, 0:k])
                 T.writes(ys[0:N, 0:k, 0:Dout], pairs[ve, 0:N * k])
                 cnt = T.alloc_buffer((1,), "int64", scope="local")
                 acc = T.alloc_buffer((rows, F), "float32", scope="local")
                 pr = T.alloc_buffer((rows,), "int64", scope="local")
+                sc = T.alloc_buffer((F,), "float32", scope="local")
+                lo = T.alloc_buffer((F,), "float32", scope="local")
+                hi = T.alloc_buffer((F,), "float32", scope="local")
                 cnt[0] = T.int64(0)
                 for p in range(N * k):
                     if idx[p // k, p % k] == T.Cast("int64", ve):
@@ -119,10 +166,24 @@ def moe_down(E: int, I: int, Dout: int, k: int, target: str = "llvm", rows: int 
                         for r in T.unroll(rows):
                             for f in cols(F):
                                 acc[r, f] = T.float32(0)
-                        for i in range(I):
-                            for r in T.unroll(rows):
+                        if mxfp4:
+                            for g in range(NG):
                                 for f in cols(F):
-                                    acc[r, f] = acc[r, f] + a[pr[r] // k, pr[r] % k, i] * w2[ve, fo, i, f]
+                                    sc[f] = mx.e8m0(T.Cast("int32", w2[ve, fo, g, CB, f]))
+                                for j in range(CB):
+                                    for f in cols(F):
+                                        lo[f] = mx.e2m1(mx.low(w2[ve, fo, g, j, f])) * sc[f]
+                                        hi[f] = mx.e2m1(mx.high(w2[ve, fo, g, j, f])) * sc[f]
+                                    for r in T.unroll(rows):
+                                        for f in cols(F):
+                                            acc[r, f] = acc[r, f] + a[pr[r] // k, pr[r] % k, g * mx.G + 2 * j] * lo[f]
+                                            acc[r, f] = (acc[r, f]
+                                                         + a[pr[r] // k, pr[r] % k, g * mx.G + 2 * j + 1] * hi[f])
+                        else:
+                            for i in range(I):
+                                for r in T.unroll(rows):
+                                    for f in cols(F):
+                                        acc[r, f] = acc[r, f] + a[pr[r] // k, pr[r] % k, i] * w2[ve, fo, i, f]
                         for r in T.unroll(rows):
                             if tile * rows + r < cnt[0]:
                                 for f in cols(F):

@@ -6,6 +6,7 @@ every feature on at a size that runs in seconds on a CPU; `k3-small` is the benc
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields, replace
 
 
@@ -152,4 +153,98 @@ def config_for(name: str, **overrides) -> object:
     return replace(cfg, **overrides)
 
 
-__all__ = ["GPT2Config", "LinearConfig", "KimiConfig", "PRESETS", "FULL_SIZE", "config_for", "kimi_model_type"]
+# --- what k3c's models implement: each field's type and range ---------------------------
+
+MAX_DIM = 2**31 - 1  # a size past int32 indexing is never a real model's
+_COUNTS_FROM_ZERO = {"num_shared_experts", "first_k_dense"}
+_CHOICES = {"kda_gate": ("softplus", "sigmoid"), "activation": ("silu", "situ"),
+            "mixer": ("linear_attention", "deltanet", "gated_deltanet"), "family": ("gpt2", "linear", "kimi")}
+_ANY_SIGN = {"gate_lower_bound"}  # a finite float of either sign; every other float is > 0
+
+
+def kind_problem(value: object, ann: str) -> str | None:
+    base = ann.removesuffix(" | None")
+    if value is None:
+        return None if ann.endswith(" | None") else f"is null, needs {base}"
+    if base == "int":
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif base == "float":
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    elif base == "bool":
+        ok = isinstance(value, bool)
+    elif base == "str":
+        ok = isinstance(value, str)
+    elif base == "tuple[int, ...]":
+        ok = isinstance(value, tuple) and all(isinstance(i, int) and not isinstance(i, bool) for i in value)
+        base = "a list of integers"
+    else:
+        return None
+    return None if ok else f"= {_short(value)} is not {base}"
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _range_problem(name: str, value: object) -> str | None:
+    if value is None or isinstance(value, (bool, tuple)):
+        return None
+    if isinstance(value, str):
+        allowed = _CHOICES.get(name)
+        return None if allowed is None or value in allowed else f"= {value!r} is not one of {', '.join(allowed)}"
+    if isinstance(value, int) and not isinstance(value, bool) and name not in _ANY_SIGN:
+        lo = 0 if name in _COUNTS_FROM_ZERO else 1
+        return None if lo <= value <= MAX_DIM else f"= {value} is outside [{lo}, {MAX_DIM}]"
+    if not math.isfinite(value):
+        return f"= {value} is not a finite number"
+    return None if name in _ANY_SIGN or value > 0 else f"= {value} must be > 0"
+
+
+def config_problems(cfg: object) -> list[tuple[str, str]]:
+    """(field, what is wrong) for each value of `cfg` that is not of its field's type, outside
+    its range, or at odds with another field; [] for a config k3c's models can build."""
+    problems = []
+    for f in fields(cfg):
+        value = getattr(cfg, f.name)
+        what = kind_problem(value, str(f.type)) or _range_problem(f.name, value)
+        if what:
+            problems.append((f.name, what))
+    if problems:
+        return problems  # the relations below assume each value is of its kind
+    if isinstance(cfg, GPT2Config) and cfg.n_embd % cfg.n_head:
+        problems.append(("n_head", f"= {cfg.n_head} does not divide n_embd = {cfg.n_embd}"))
+    if isinstance(cfg, KimiConfig):
+        if cfg.top_k > cfg.num_experts:
+            problems.append(("top_k", f"= {cfg.top_k} exceeds num_experts = {cfg.num_experts}"))
+        if cfg.first_k_dense > cfg.num_layers:
+            problems.append(("first_k_dense", f"= {cfg.first_k_dense} exceeds num_layers = {cfg.num_layers}"))
+        bad = [i for i in cfg.mla_layers if not 1 <= i <= cfg.num_layers]
+        if bad or len(set(cfg.mla_layers)) != len(cfg.mla_layers):
+            problems.append(("mla_layers", f"= {list(cfg.mla_layers)[:8]} must be distinct layer numbers in "
+                                           f"1..{cfg.num_layers} (1-based)"))
+    return problems
+
+
+def weight_bytes_floor(cfg: object) -> int:
+    """A lower bound of the bytes a model of `cfg` holds, from the config alone (its large
+    matrices only, at 2 bytes a weight, routed experts at MXFP4's half byte): what a check of
+    the memory needs before anything is built."""
+    if isinstance(cfg, GPT2Config):
+        D = cfg.n_embd
+        return 2 * ((cfg.vocab_size + cfg.n_positions) * D + cfg.n_layer * 12 * D * D)
+    if isinstance(cfg, LinearConfig):
+        D, H = cfg.hidden_size, cfg.num_heads
+        mixer = D * H * (2 * cfg.head_k_dim + 2 * cfg.head_v_dim)
+        return 2 * (2 * cfg.vocab_size * D + cfg.num_layers * (mixer + 3 * D * cfg.intermediate_size))
+    D, L = cfg.hidden_size, cfg.num_layers
+    mla, kda = len(cfg.mla_layers), L - len(cfg.mla_layers)
+    kda_params = 4 * D * cfg.kda_heads * cfg.kda_head_dim
+    mla_params = D * cfg.kv_lora_rank + cfg.mla_heads * cfg.v_head_dim * D
+    experts = cfg.num_experts * 3 * (cfg.routed_expert_hidden_size or D) * cfg.moe_intermediate_size
+    dense = 3 * D * cfg.dense_intermediate_size
+    k, sparse = cfg.first_k_dense, L - cfg.first_k_dense
+    return 2 * (2 * cfg.vocab_size * D + kda * kda_params + mla * mla_params + k * dense) + sparse * experts // 2
+
+__all__ = ["GPT2Config", "LinearConfig", "KimiConfig", "PRESETS", "FULL_SIZE", "config_for", "kimi_model_type",
+           "config_problems", "weight_bytes_floor", "MAX_DIM"]

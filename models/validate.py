@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import InputError
+from ..errors import CheckpointError, InputError
 
 _SPEC = "_k3c_state_spec"
 
@@ -185,3 +185,22 @@ def check_decode(model, input_ids, state) -> None:
         return
     past = check_state(model, state, B)
     _check_positions(model, past, 1, "decode")
+
+
+def check_weight_dtypes(cfg: object, dtypes: dict[str, torch.dtype]) -> None:
+    """The floating weights a checkpoint gives a model (name -> dtype) must share one dtype,
+    apart from those its family's release keeps in F32: one F16 tensor among F32 ones would
+    load and then stop the first forward at a matmul of mixed dtypes."""
+    from collections import Counter
+
+    from .precision import f32_tensors
+
+    keep = f32_tensors(cfg)
+    free = {k: d for k, d in dtypes.items() if d.is_floating_point and not (keep is not None and keep.search(k))}
+    if len(set(free.values())) <= 1:
+        return
+    common, n = Counter(free.values()).most_common(1)[0]
+    odd = sorted(k for k, d in free.items() if d != common)
+    raise CheckpointError(f"{odd[0]} is stored as {free[odd[0]]}, {n} other weights as {common}"
+                          + (f" ({len(odd) - 1} more like it)" if len(odd) > 1 else "")
+                          + ": the model computes in one dtype; pass dtype= to cast them")

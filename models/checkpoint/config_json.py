@@ -12,7 +12,16 @@ from __future__ import annotations
 
 from dataclasses import asdict, fields
 
-from ..configs import GPT2Config, KimiConfig, LinearConfig, kimi_model_type
+from ...resources import check_fits, gib
+from ..configs import (
+    GPT2Config,
+    KimiConfig,
+    LinearConfig,
+    config_problems,
+    kimi_model_type,
+    kind_problem,
+    weight_bytes_floor,
+)
 from .errors import CheckpointError
 
 REQUIRED = object()  # marks a config.json key without a default
@@ -82,13 +91,45 @@ _MUST_BE = {
 KIMI_MODEL_TYPES = ("kimi_linear", "kimi_k3")
 
 
-def _get(d: dict, key: str, default: object, where: str = "config.json") -> object:
+_OPTIONAL = {f.name for f in fields(KimiConfig) if str(f.type).endswith(" | None")}
+_KIMI_TYPES = {f.name: str(f.type) for f in fields(KimiConfig)}
+
+
+def _get(d: dict, key: str, default: object, where: str = "config.json", ours: str = "") -> object:
+    """The value of `key` (or an alias); null is unset, as HF writes it: the default, None for
+    a field that may be None, else a missing field."""
     for k in (key, *_ALIASES.get(key, ())):
-        if k in d:
+        if d.get(k) is not None:
             return d[k]
-    if default is REQUIRED:
+    if default is REQUIRED and ours not in _OPTIONAL:
         raise CheckpointError(f"{where}: missing required field {key!r}")
-    return default
+    return None if default is REQUIRED else default
+
+
+def _typed(value: object, ours: str, name: str) -> object:
+    """`value` for KimiConfig field `ours`, refused (naming config.json's `name`) when not of its type."""
+    what = kind_problem(value, _KIMI_TYPES[ours])
+    if what:
+        raise CheckpointError(f"config.json: {name} {what}")
+    return value
+
+
+def _int_list(value: object, name: str) -> list[int]:
+    if not isinstance(value, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in value):
+        raise CheckpointError(f"config.json: {name} must be a list of layer numbers (integers), got "
+                              f"{_short(value)}")
+    return value
+
+
+def _str_list(value: object, name: str) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(i, str) for i in value):
+        raise CheckpointError(f"config.json: {name} must be a list of strings, got {_short(value)}")
+    return value
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def kimi_config_to_json(cfg: KimiConfig) -> dict:
@@ -123,58 +164,73 @@ def kimi_config_to_json(cfg: KimiConfig) -> dict:
 def kimi_config_from_json(d: dict) -> KimiConfig:
     """A KimiConfig from an official (or HF transformers) Kimi Linear / K3 config.json."""
     for key, allowed in _MUST_BE.items():
-        if key in d and d[key] not in allowed:
-            raise CheckpointError(f"config.json: {key}={d[key]!r} is not supported (expected {allowed[0]!r})")
+        if d.get(key) is not None and d[key] not in allowed:
+            raise CheckpointError(f"config.json: {key}={_short(d[key])} is not supported (expected {allowed[0]!r})")
     d = dict(d)
-    if "first_k_dense_replace" not in d and "mlp_layer_types" in d:  # written by HF transformers
-        kinds = list(d["mlp_layer_types"])
+    if d.get("first_k_dense_replace") is None and d.get("mlp_layer_types") is not None:  # written by HF transformers
+        kinds = _str_list(d["mlp_layer_types"], "mlp_layer_types")
         k = next((i for i, t in enumerate(kinds) if t != "dense"), len(kinds))
         if any(t != "sparse" for t in kinds[k:]):
-            raise CheckpointError(f"config.json: mlp_layer_types {kinds} is not 'dense' layers then 'sparse' ones")
+            raise CheckpointError(f"config.json: mlp_layer_types {kinds[:8]} is not 'dense' layers then 'sparse' ones")
         d["first_k_dense_replace"] = k
-    kw = {ours: _get(d, theirs, default) for ours, theirs, default in KIMI_KEYS}
+    kw = {ours: _typed(_get(d, theirs, default, ours=ours), ours, theirs) for ours, theirs, default in KIMI_KEYS}
     if kw["activation"] not in ("silu", "situ"):
         raise CheckpointError(f"config.json: hidden_act={kw['activation']!r} is not supported ('silu' or 'situ')")
     if kw["activation"] == "situ":  # the SiTU constants change the math: no silent default
-        kw["situ_beta"] = _get(d, "activation_situ_beta", REQUIRED)
-        kw["situ_linear_beta"] = _get(d, "activation_situ_linear_beta", REQUIRED)
+        for ours, theirs in (("situ_beta", "activation_situ_beta"),
+                             ("situ_linear_beta", "activation_situ_linear_beta")):
+            if theirs not in d:
+                raise CheckpointError(f"config.json: missing required field {theirs!r}")
+            kw[ours] = _typed(_get(d, theirs, REQUIRED, ours=ours), ours, theirs)
+    if kw["num_layers"] < 1:
+        raise CheckpointError(f"config.json: num_hidden_layers = {kw['num_layers']} must be >= 1")
     kw.update(_kda_fields(d, kw["num_layers"]))
     extra = d.get("k3c_extra") or {}
+    if not isinstance(extra, dict):
+        raise CheckpointError(f"config.json: k3c_extra must be an object, got {_short(extra)}")
     for f in KIMI_EXTRA:
-        if f in extra:
-            kw[f] = extra[f]
+        if extra.get(f) is not None:
+            kw[f] = _typed(extra[f], f, f"k3c_extra.{f}")
     return KimiConfig(**kw)
 
 
 def _kda_fields(d: dict, num_layers: int) -> dict:
     """KDA fields and the MLA layer list from `linear_attn_config` (or HF's flat fields)."""
     lac = d.get("linear_attn_config")
-    if lac is None and "layer_types" in d:  # a config written by HF transformers only
+    if lac is None and d.get("layer_types") is not None:  # a config written by HF transformers only
+        kinds = _str_list(d["layer_types"], "layer_types")
         lac = {"num_heads": d.get("linear_num_heads"), "head_dim": d.get("linear_head_dim"),
                "short_conv_kernel_size": d.get("linear_conv_kernel_dim"),
-               "full_attn_layers": [i + 1 for i, t in enumerate(d["layer_types"]) if t == "full_attention"]}
+               "full_attn_layers": [i + 1 for i, t in enumerate(kinds) if t == "full_attention"]}
     if lac is None:
         raise CheckpointError("config.json: missing required field 'linear_attn_config'")
-    kw = {ours: _get(lac, theirs, default, "config.json linear_attn_config") for ours, theirs, default in KDA_KEYS}
+    if not isinstance(lac, dict):
+        raise CheckpointError(f"config.json: linear_attn_config must be an object, got {_short(lac)}")
+    where = "config.json linear_attn_config"
+    kw = {ours: _typed(_get(lac, theirs, default, where, ours), ours, f"linear_attn_config.{theirs}")
+          for ours, theirs, default in KDA_KEYS}
     full = lac.get("full_attn_layers", d.get("full_attn_layers"))
     if full is None:
         raise CheckpointError("config.json: missing required field 'linear_attn_config.full_attn_layers'")
-    mla = sorted(int(i) for i in full)
-    everything = set(range(1, num_layers + 1))
-    if not set(mla) <= everything:
-        raise CheckpointError(f"config.json: linear_attn_config.full_attn_layers {mla} outside 1..{num_layers} "
-                              "(layer numbers are 1-based)")
+    mla = sorted(_int_list(full, "linear_attn_config.full_attn_layers"))
+    if not all(1 <= i <= num_layers for i in mla) or len(set(mla)) != len(mla):
+        raise CheckpointError(f"config.json: linear_attn_config.full_attn_layers {mla[:8]} must be distinct layer "
+                              f"numbers in 1..{num_layers} (1-based)")
     if lac.get("kda_layers") is not None:
-        kda = {int(i) for i in lac["kda_layers"]}
-        if kda & set(mla) or kda | set(mla) != everything:
+        kda = set(_int_list(lac["kda_layers"], "linear_attn_config.kda_layers"))
+        union = kda | set(mla)  # == {1..num_layers}, without building a set of num_layers numbers
+        if kda & set(mla) or len(union) != num_layers or not all(1 <= i <= num_layers for i in union):
             raise CheckpointError(f"config.json: linear_attn_config.kda_layers and full_attn_layers do not "
                                   f"partition layers 1..{num_layers}")
     kw["mla_layers"] = tuple(mla)
     lower = lac.get("gate_lower_bound")
     kw["kda_gate"] = "softplus" if lower is None else "sigmoid"
     if lower is not None:
-        kw["gate_lower_bound"] = float(lower)
-    kw["kda_out_gate_rank"] = None if lac.get("use_full_rank_gate", False) else kw["kda_head_dim"]
+        kw["gate_lower_bound"] = float(_typed(lower, "gate_lower_bound", "linear_attn_config.gate_lower_bound"))
+    full_rank = lac.get("use_full_rank_gate") or False
+    if not isinstance(full_rank, bool):
+        raise CheckpointError(f"config.json: linear_attn_config.use_full_rank_gate = {_short(full_rank)} is not bool")
+    kw["kda_out_gate_rank"] = None if full_rank else kw["kda_head_dim"]
     return kw
 
 
@@ -187,39 +243,60 @@ def config_to_json(cfg: object) -> dict:
 
 
 def config_from_json(d: dict) -> object:
-    """The dataclass config a config.json describes (Kimi by `model_type`, others by `k3c_family`)."""
+    """The dataclass config a config.json describes (Kimi by `model_type`, others by `k3c_family`).
+
+    Every field is checked for its type and range, the fields against each other and the
+    `quantization_config` for its shape: each misfit is one CheckpointError naming the
+    config.json field. Nothing is built, so a full-size config parses here; `check_memory`
+    says whether its model fits."""
     if not isinstance(d, dict):
         raise CheckpointError(f"config.json: expected a JSON object, got {type(d).__name__}")
-    cfg = _config_from_json(text_config(d))
-    _check_field_types(cfg)
+    text = text_config(d)
+    cfg = _config_from_json(text)
+    problems = config_problems(cfg)
+    if problems:
+        name, what = problems[0]
+        name = _JSON_NAME.get(name, name) if isinstance(cfg, KimiConfig) else name
+        raise CheckpointError(f"config.json: {name} {what}")
+    _check_quantization_shape(text.get("quantization_config"))
     return cfg
 
 
-# What a field's annotation admits (bool is an int in Python: refused where a count is meant).
-_ADMITS = {
-    "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
-    "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
-    "str": lambda v: isinstance(v, str),
-    "bool": lambda v: isinstance(v, bool),
-    "tuple[int, ...]": lambda v: isinstance(v, tuple) and all(_ADMITS["int"](i) for i in v),
-}
+def check_memory(cfg: object) -> None:
+    """Refuse, before anything is built, a config whose weights cannot fit the memory available."""
+    layers = getattr(cfg, "num_layers", None) or getattr(cfg, "n_layer", 0)
+    check_fits(f"config.json: a model of {layers} layers ({gib(weight_bytes_floor(cfg))} of weights)",
+               weight_bytes_floor(cfg) + layers * LAYER_OVERHEAD, CheckpointError)
+
+
+LAYER_OVERHEAD = 64 * 1024  # bytes of Python objects a layer's modules take, even on the meta device
+
+
+def _check_quantization_shape(q: object) -> None:
+    """quantization_config: an object whose config_groups are objects, their weights objects."""
+    if q is None:
+        return
+    if not isinstance(q, dict):
+        raise CheckpointError(f"config.json: quantization_config must be an object, got {_short(q)}")
+    groups = q.get("config_groups")
+    if groups is not None and not isinstance(groups, dict):
+        raise CheckpointError(f"config.json: quantization_config.config_groups must be an object, got {_short(groups)}")
+    for name, g in (groups or {}).items():
+        if g is not None and not isinstance(g, dict):
+            raise CheckpointError(f"config.json: quantization_config.config_groups.{name} must be an object, "
+                                  f"got {_short(g)}")
+        w = (g or {}).get("weights")
+        if w is not None and not isinstance(w, dict):
+            raise CheckpointError(f"config.json: quantization_config.config_groups.{name}.weights must be an "
+                                  f"object, got {_short(w)}")
+    for key in ("quant_method", "format"):
+        if q.get(key) is not None and not isinstance(q[key], str):
+            raise CheckpointError(f"config.json: quantization_config.{key} must be a string, got {_short(q[key])}")
 
 
 _JSON_NAME = {**{ours: theirs for ours, theirs, _ in KIMI_KEYS},
-              **{ours: f"linear_attn_config.{theirs}" for ours, theirs, _ in KDA_KEYS}}
-
-
-def _check_field_types(cfg: object) -> None:
-    """A config.json value of the wrong kind (`"hidden_size": "7168"`) is named here, not deep in torch."""
-    for f in fields(cfg):
-        value, ann = getattr(cfg, f.name), str(f.type)
-        optional = ann.endswith(" | None")
-        admits = _ADMITS.get(ann.removesuffix(" | None"))
-        if admits is None or (optional and value is None):
-            continue
-        if not admits(value):
-            name = _JSON_NAME.get(f.name, f.name) if isinstance(cfg, KimiConfig) else f.name
-            raise CheckpointError(f"config.json: {name} = {value!r} is not {ann}")
+              **{ours: f"linear_attn_config.{theirs}" for ours, theirs, _ in KDA_KEYS},
+              "mla_layers": "linear_attn_config.full_attn_layers"}
 
 
 def _config_from_json(d: dict) -> object:
@@ -228,7 +305,7 @@ def _config_from_json(d: dict) -> object:
         cls = GPT2Config if family == "gpt2" else LinearConfig
         kw = {}
         for f in fields(cls):
-            if f.name not in d:
+            if d.get(f.name) is None:
                 raise CheckpointError(f"config.json: missing required field {f.name!r}")
             kw[f.name] = d[f.name]
         return cls(**kw)
@@ -236,8 +313,8 @@ def _config_from_json(d: dict) -> object:
         return kimi_config_from_json(d)
     if "model_type" not in d and family is None:
         raise CheckpointError("config.json: missing required field 'model_type'")
-    raise CheckpointError(f"config.json: unsupported model_type={d.get('model_type')!r} / "
-                          f"k3c_family={family!r} (known: {', '.join(KIMI_MODEL_TYPES)}, gpt2, linear)")
+    raise CheckpointError(f"config.json: unsupported model_type={_short(d.get('model_type'))} / "
+                          f"k3c_family={_short(family)} (known: {', '.join(KIMI_MODEL_TYPES)}, gpt2, linear)")
 
 
 def is_wrapped(d: dict) -> bool:

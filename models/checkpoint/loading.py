@@ -24,7 +24,8 @@ from ..common import CausalLM
 from ..configs import KimiConfig
 from ..moe_layer import MXFP4Experts
 from ..precision import as_dtype
-from .config_json import config_from_json, text_config
+from ..validate import check_weight_dtypes
+from .config_json import check_memory, config_from_json, text_config
 from .errors import CheckpointError
 from .layouts import (
     Entry,
@@ -168,6 +169,7 @@ def from_pretrained(path: str | Path, *, dtype: torch.dtype | str | None = None,
         raise FileNotFoundError(f"no {CONFIG_NAME} in {path}")
     raw = read_json(own_file(path, CONFIG_NAME))
     cfg = config_from_json(raw)
+    check_memory(cfg)  # a config.json of 10^9 layers is refused here, not by exhausting the memory
     files, index = weight_files(path)
     where, metadata = read_headers(files)
     check_index(where, index, path)
@@ -201,6 +203,7 @@ def from_pretrained(path: str | Path, *, dtype: torch.dtype | str | None = None,
     dtype = as_dtype(dtype)
     sd = model.state_dict()
     dtypes = _module_dtypes(entries, found, dtype, sd)
+    check_weight_dtypes(cfg, dtypes)
     tensors = {k: torch.empty(sd[k].shape, dtype=dtypes[k], device=device) for k in dtypes}
     by_file: dict[Path, list[Entry]] = defaultdict(list)
     for e in entries:

@@ -54,7 +54,7 @@ def read_json(file: Path) -> object:
     """The JSON in `file`; a CheckpointError naming the file when it is not JSON."""
     try:
         return json.loads(file.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:  # RecursionError: nested too deep
         raise CheckpointError(f"{file.name}: not valid JSON ({err})") from None
 
 

@@ -305,13 +305,7 @@ def build_parser() -> argparse.ArgumentParser:
     _precision_args(s)
     s.set_defaults(func=_cmd_diff)
 
-    s = sub.add_parser("plan", help="per-rank weight and state bytes, and bytes sent per token, on a mesh")
-    s.add_argument("--model", required=True)
-    s.add_argument("--mesh", required=True, help="tp=N,ep=M")
-    s.add_argument("--seq-len", type=checks.count(1), default=4096)
-    s.add_argument("--json", help="write the plan as JSON to this file")
-    cli_mesh.add_combine(s)
-    s.set_defaults(func=cli_mesh.cmd_plan)
+    cli_mesh.add_plan(sub)
 
     s = sub.add_parser("bench", help="time prefill and decode: eager, torch.compile and backends")
     s.add_argument("--model", required=True)

@@ -1,0 +1,116 @@
+"""The mesh a deployment plan is written for: dp, tp, ep and pp axes over GPUs.
+
+    tp  splits the attention heads (KDA, MLA), the dense and shared-expert MLP widths and every
+        routed expert's columns, as passes/partition.py does;
+    ep  splits the routed experts; it lies over the dp axis: with dp >= ep a stage has tp * dp
+        ranks, the experts over ep of them and each expert's columns over the other dp / ep
+        (and tp); with ep > dp (dp = 1: what the runtime runs) a stage has tp * ep ranks and
+        the attention is copied ep / dp times over ranks that see the same sequences;
+    dp  copies the attention per group of tp ranks, each copy with its own sequences (the
+        "data-parallel attention" of DEP: dp=16,ep=16 is 16 GPUs);
+    pp  splits the layers into pp stages of consecutive layers, one stage per group of ranks.
+
+So a stage holds tp * max(dp, ep) ranks and the world is pp times that. A mesh with dp > 1 or
+pp > 1 is plan-only: its bytes and times are arithmetic, no runtime runs it yet; the others
+are the runtime's passes.mesh.Mesh (`runtime()`), whose runs k3c plan also counts.
+
+    DeployMesh.parse("dp=16,ep=16").world == 16;  DeployMesh.parse("tp=8,ep=16").world == 128
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import UsageError
+from .passes.mesh import Mesh
+
+AXES = ("dp", "tp", "ep", "pp")
+
+
+@dataclass(frozen=True)
+class DeployMesh:
+    dp: int = 1
+    tp: int = 1
+    ep: int = 1
+    pp: int = 1
+    vocab: bool = False
+
+    def __post_init__(self):
+        for axis in AXES:
+            n = getattr(self, axis)
+            if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+                raise UsageError(f"mesh: {axis} must be a whole number >= 1, got {n!r}")
+        if max(self.dp, self.ep) % min(self.dp, self.ep):
+            raise UsageError(f"mesh {self}: ep lies over the dp ranks, so one of dp={self.dp} and "
+                             f"ep={self.ep} must divide the other")
+        if self.vocab and self.tp == 1:
+            raise UsageError(f"mesh {self}: 'vocab' splits the vocabulary over tp, and tp is 1")
+
+    @staticmethod
+    def parse(text: str | DeployMesh | Mesh) -> DeployMesh:
+        """"dp=16,ep=16", "tp=8,ep=16,vocab", "tp=8,pp=2" (an axis left out is 1)."""
+        if isinstance(text, DeployMesh):
+            return text
+        if isinstance(text, Mesh):
+            return DeployMesh(tp=text.tp, ep=text.ep, vocab=text.vocab)
+        sizes: dict[str, int] = {}
+        vocab = False
+        for part in str(text).replace(" ", "").split(","):
+            if part == "vocab":
+                vocab = True
+                continue
+            name, eq, value = part.partition("=")
+            if not eq or name not in AXES or not value.isdigit():
+                raise UsageError(f"mesh {text!r}: expected axes like 'tp=2,ep=2' (dp, tp, ep, pp: whole "
+                                 f"numbers, and optionally 'vocab'), got {part!r}")
+            if name in sizes:
+                raise UsageError(f"mesh {text!r}: {name} is given twice")
+            sizes[name] = int(value)
+        return DeployMesh(**sizes, vocab=vocab)
+
+    @property
+    def stage_ranks(self) -> int:
+        return self.tp * max(self.dp, self.ep)
+
+    @property
+    def world(self) -> int:
+        return self.pp * self.stage_ranks
+
+    @property
+    def expert_split(self) -> int:
+        """Ways each MoE layer's routed expert bytes are split: every rank of a stage."""
+        return self.stage_ranks
+
+    def runtime(self) -> Mesh | None:
+        """The runtime mesh that lays out the ranks alike, or None where the mesh is plan-only."""
+        return Mesh(self.tp, self.ep, self.vocab) if self.dp == 1 and self.pp == 1 else None
+
+    @property
+    def plan_only(self) -> bool:
+        return self.runtime() is None
+
+    def stages(self, layers: int) -> list[range]:
+        """The layers of each stage: consecutive, as even as they go."""
+        if self.pp > layers:
+            raise UsageError(f"mesh {self}: pp={self.pp} stages for {layers} layers")
+        return [range(s * layers // self.pp, (s + 1) * layers // self.pp) for s in range(self.pp)]
+
+    def to_json(self) -> dict:
+        return {"tp": self.tp, "ep": self.ep, "world": self.world, "vocab": self.vocab,
+                "dp": self.dp, "pp": self.pp, "plan_only": self.plan_only}
+
+    def __str__(self) -> str:
+        axes = ",".join(f"{a}={getattr(self, a)}" for a in AXES if getattr(self, a) > 1) or "tp=1"
+        return axes + (",vocab" if self.vocab else "")
+
+
+def check_divides(mesh: DeployMesh, config) -> None:
+    """The runtime's divisibility checks (heads, widths, experts) for the tp and ep splits, and
+    the same for the columns of each expert over the ranks that share it."""
+    from .passes.mesh import check_divides as runtime_check
+
+    runtime_check(Mesh(mesh.tp, mesh.ep, mesh.vocab), config)
+    cols = mesh.stage_ranks // mesh.ep
+    if cols > mesh.tp and config.moe_intermediate_size % cols:
+        raise UsageError(f"mesh {mesh}: the {cols} ranks that share an expert do not divide its "
+                         f"{config.moe_intermediate_size} columns (moe_intermediate_size)")

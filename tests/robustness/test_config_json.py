@@ -92,3 +92,19 @@ def test_a_model_larger_than_the_memory_is_refused_before_it_is_built(tmp_path):
     with pytest.raises(CheckpointError, match=r"a model of 1000000000 layers .* needs at least .* GiB, more than "
                                               r"the .* GiB of memory available"):
         from_pretrained(tmp_path)
+
+
+def test_one_weight_of_another_floating_dtype_is_named(tmp_path):
+    """Once loaded, then `self and mat2 must have the same dtype` in the first forward."""
+    from safetensors.torch import load_file, save_file
+
+    from k3c.models import build, save_pretrained
+
+    save_pretrained(build("gpt2-tiny"), tmp_path)
+    tensors = load_file(tmp_path / "model.safetensors")
+    name = "transformer.h.0.attn.c_proj.weight"
+    tensors[name] = tensors[name].half()
+    save_file(tensors, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(CheckpointError, match=f"{name} is stored as torch.float16, .* other weights as torch.float32"):
+        from_pretrained(tmp_path)
+    assert from_pretrained(tmp_path, dtype="float32").transformer.h[0].attn.c_proj.weight.dtype.is_floating_point

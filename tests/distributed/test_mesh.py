@@ -127,7 +127,8 @@ def test_plan_release_bytes():
     from k3c.models.weight_bytes import weight_bytes
 
     p = plan("kimi-linear", "tp=4,ep=8", 64)
-    assert len(p["ranks"]) == 32 and p["mesh"] == {"tp": 4, "ep": 8, "world": 32, "vocab": False}
+    assert len(p["ranks"]) == 32 and p["mesh"] == {"tp": 4, "ep": 8, "world": 32, "vocab": False,
+                                                 "dp": 1, "pp": 1, "plan_only": False}
     total = weight_bytes(models.build("kimi-linear", dtype=torch.bfloat16))["total"]
     assert total / 32 < p["ranks"][0]["weight_bytes"] < total / 4
     cfg = models.build("kimi-linear").config

@@ -14,7 +14,7 @@ def test_plan_json(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "kimi-linear-tiny on 4 ranks (tp=2, ep=2)" in text and "all_reduce" in text
     p = json.loads(out.read_text())
-    assert p["mesh"] == {"tp": 2, "ep": 2, "world": 4, "vocab": False}
+    assert p["mesh"] == {"tp": 2, "ep": 2, "world": 4, "vocab": False, "dp": 1, "pp": 1, "plan_only": False}
     assert [r["rank"] for r in p["ranks"]] == [0, 1, 2, 3]
     assert all(r["weight_bytes"] > 0 and r["state_bytes"] > 0 for r in p["ranks"])
     assert set(p["per_token"]) == {"prefill", "decode"}

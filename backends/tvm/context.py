@@ -31,11 +31,21 @@ class LowerContext:
         self.options = dict(options or {})
         self.kernels: dict[tuple, relax.GlobalVar] = {} if kernels is None else kernels  # shared per module
         self._producers: dict[str, Node] | None = None
+        self._consumers: dict[str, list[Node]] | None = None
 
     def producer(self, value: str) -> Node | None:
         if self._producers is None:
             self._producers = self.graph.producers()
         return self._producers.get(value)
+
+    def consumers(self, value: str) -> list[Node]:
+        """The nodes that read `value`, in graph order."""
+        if self._consumers is None:
+            self._consumers = {}
+            for node in self.graph.nodes:
+                for v in dict.fromkeys(node.inputs):
+                    self._consumers.setdefault(v, []).append(node)
+        return self._consumers.get(value, [])
 
     # ---- types ---------------------------------------------------------------------
     def type_of(self, value: str) -> TensorType:

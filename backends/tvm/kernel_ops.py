@@ -32,7 +32,7 @@ from ..signs import check_decays
 from ..tables import builtin
 from .context import LowerContext
 from .dims import static_int
-from .relax_ops import decode_step, packable, packed_gemm
+from .relax_ops import as_f32, decode_step, packable, packed_gemm, stored
 
 R = relax.op
 
@@ -115,7 +115,14 @@ def _mla_attention(ctx: LowerContext, node, q, ckv, krope, w_kv_b):
     (Dr,) = _static(ctx, node.inputs[2], 2)
     Dn, Dv = Dq - Dr, a["v_head_dim"]
     B, S = ctx.shape(node.inputs[1])[:2]
-    kv = R.reshape(R.matmul(ckv, R.permute_dims(w_kv_b, [1, 0])), relax.ShapeExpr([B, S, H, Dn + Dv]))
+    wdtype = stored(ctx, node.inputs[3])
+    if wdtype is not None and ctx.target == "llvm":  # the up-projection reads the BF16 weight as stored
+        (Dc,) = _static(ctx, node.inputs[1], 2)
+        ckv2 = ctx.bb.emit(R.reshape(ckv, relax.ShapeExpr([B * S, Dc])))
+        kv = packed_gemm(ctx, ckv2, w_kv_b, B * S, H * (Dn + Dv), Dc, decode=False, wdtype=wdtype)
+    else:
+        kv = R.matmul(ckv, R.permute_dims(as_f32(ctx, node.inputs[3], w_kv_b), [1, 0]))
+    kv = R.reshape(kv, relax.ShapeExpr([B, S, H, Dn + Dv]))
     parts = ctx.bb.emit(R.split(kv, [Dn], axis=3))
     k_rope = R.broadcast_to(R.expand_dims(krope, [2]), relax.ShapeExpr([B, S, H, Dr]))
     k = ctx.bb.emit(R.concat([relax.TupleGetItem(parts, 0), k_rope], axis=3))
@@ -246,9 +253,10 @@ def _gated_mlp(ctx: LowerContext, node, x, w):
     rows = _rows(ctx, node.inputs[0])
     x2 = R.reshape(x, relax.ShapeExpr([rows, D_]))
     if packable(ctx, node):
-        gu = packed_gemm(ctx, ctx.bb.emit(x2), w, rows, I2, D_, decode=decode_step(ctx, node.inputs[0]))
+        gu = packed_gemm(ctx, ctx.bb.emit(x2), w, rows, I2, D_, decode=decode_step(ctx, node.inputs[0]),
+                         wdtype=stored(ctx, node.inputs[1]))
     else:
-        gu = ctx.bb.emit(R.matmul(x2, R.permute_dims(w, [1, 0])))
+        gu = ctx.bb.emit(R.matmul(x2, R.permute_dims(as_f32(ctx, node.inputs[1], w), [1, 0])))
     y = _activation(ctx, gu, rows, I2 // 2, a["act"], a["beta"], a["linear_beta"])
     return R.reshape(y, relax.ShapeExpr(ctx.shape(node.outputs[0])))
 

@@ -1,21 +1,19 @@
-"""TVM lowerings of the MXFP4 expert ops: TensorIR GEMMs that decode the codes in their inner
-loop (kernels/moe/tvm/mxfp4.py). The codes and scales reach the kernels re-laid out in panels
-by weight-only Relax ops, which the build lifts into the one-time parameter transform: the
-stored bytes are unpacked to one code per byte, the E8M0 scale bytes become their powers of
-two. Nothing else of the model changes: the activation between the two GEMMs is the float
+"""TVM lowerings of the MXFP4 expert ops: the routed-expert TensorIR kernels with
+weights="mxfp4" (kernels/moe/tvm), which decode the codes in registers. The stored bytes
+reach the kernels re-laid out in panels by weight-only Relax ops (reshapes, permutes, one
+concat), which the build lifts into the one-time parameter transform: the codes stay two a
+byte and the scales stay E8M0 bytes, so the experts hold in memory what they hold on disk.
+Nothing else of the model changes: the activation between the two GEMMs is the float
 kernels'. The kernels compute in float32 (a BF16 model computes there in float32: compute-dtype).
 """
 
 from __future__ import annotations
 
-import numpy as np
-import torch
 from tvm import relax
 
 from ...kernels.moe.tvm import SCHEDULES as MOE_SCHEDULES
-from ...kernels.moe.tvm import panel
-from ...kernels.moe.tvm.mxfp4 import moe_down_mxfp4, moe_gate_up_mxfp4
-from ...kernels.mxfp4.naive import GROUP_SIZE, e2m1_table, e8m0_to_float
+from ...kernels.moe.tvm import moe_down, moe_gate_up, panel
+from ...kernels.mxfp4.naive import GROUP_SIZE
 from ..tables import builtin
 from .context import LowerContext
 from .kernel_ops import _activation, _moe_rows, _static, kernel_supports
@@ -23,38 +21,26 @@ from .kernel_ops import _activation, _moe_rows, _static, kernel_supports
 R = relax.op
 
 
-def _lut() -> relax.Constant:
-    return relax.const(e2m1_table().numpy(), "float32")
-
-
-def _code_panels(ctx: LowerContext, packed, E: int, n_out: int, n_in: int) -> relax.Expr:
-    """packed [E, out, in/2] u8 -> one code per byte in panels [E, out/F, in, F] (low nibble = even k)."""
-    F = panel(n_out)
-    lo = R.bitwise_and(packed, relax.const(15, "uint8"))
-    hi = R.right_shift(packed, relax.const(4, "uint8"))
-    codes = R.reshape(R.stack([lo, hi], axis=3), [E, n_out, n_in])
-    return ctx.bb.emit(R.permute_dims(R.reshape(codes, [E, n_out // F, F, n_in]), [0, 1, 3, 2]))
-
-
-def _scale_panels(ctx: LowerContext, scale, E: int, n_out: int, n_in: int) -> relax.Expr:
-    """scale [E, out, in/32] u8 (E8M0) -> 2^(byte - 127) in panels [E, out/F, in/32, F]."""
-    F, groups = panel(n_out), n_in // GROUP_SIZE
-    table = relax.const(e8m0_to_float(torch.arange(256, dtype=torch.uint8)).numpy().astype(np.float32), "float32")
-    s = R.take(table, R.astype(scale, "int32"), axis=0, mode="clip")  # bytes < 256
-    return ctx.bb.emit(R.permute_dims(R.reshape(s, [E, n_out // F, F, groups]), [0, 1, 3, 2]))
+def _panels(ctx: LowerContext, packed, scale, E: int, n_out: int, n_in: int) -> relax.Expr:
+    """packed [E, out, in/2] u8 and scale [E, out, in/32] u8 -> [E, out/F, in/32, 17, F] u8: per
+    group of 32 inputs, its 16 bytes of codes then its scale byte (kernels/moe/tvm/mxfp4.py)."""
+    F, groups, half = panel(n_out), n_in // GROUP_SIZE, GROUP_SIZE // 2
+    codes = R.permute_dims(R.reshape(packed, [E, n_out // F, F, groups, half]), [0, 1, 3, 4, 2])
+    scales = R.permute_dims(R.reshape(scale, [E, n_out // F, F, groups, 1]), [0, 1, 3, 4, 2])
+    return ctx.bb.emit(R.concat([codes, scales], axis=3))
 
 
 def _gate_up(ctx, h, packed, scale, idx, E: int, D_: int, I2: int, k: int, N, rows: int) -> relax.Expr:
     gv = ctx.kernel(("moe_gate_up_mxfp4", E, D_, I2, k, rows),
-                    lambda: moe_gate_up_mxfp4(E, D_, I2, k, ctx.target, rows), MOE_SCHEDULES)
-    args = [h, _code_panels(ctx, packed, E, I2, D_), _scale_panels(ctx, scale, E, I2, D_), _lut(), idx]
+                    lambda: moe_gate_up(E, D_, I2, k, ctx.target, rows, weights="mxfp4"), MOE_SCHEDULES)
+    args = [h, _panels(ctx, packed, scale, E, I2, D_), idx]
     return ctx.call_tir(gv, args, [relax.TensorType([N, k, I2], "float32")])[0]
 
 
 def _down(ctx, a, packed, scale, idx, w, E: int, I: int, Dout: int, k: int, N, rows: int) -> relax.Expr:
     gv = ctx.kernel(("moe_down_mxfp4", E, I, Dout, k, rows),
-                    lambda: moe_down_mxfp4(E, I, Dout, k, ctx.target, rows), MOE_SCHEDULES)
-    args = [a, _code_panels(ctx, packed, E, Dout, I), _scale_panels(ctx, scale, E, Dout, I), _lut(), idx, w]
+                    lambda: moe_down(E, I, Dout, k, ctx.target, rows, weights="mxfp4"), MOE_SCHEDULES)
+    args = [a, _panels(ctx, packed, scale, E, Dout, I), idx, w]
     return ctx.call_tir(gv, args, [relax.TensorType([N, Dout], "float32")])[0]
 
 

@@ -71,6 +71,8 @@ def _pow(ctx, node, a, b):
 
 
 def _cast(ctx, node, x):
+    if stored(ctx, node.outputs[0]):
+        return x  # its readers take the stored weight and widen it themselves: no float32 copy
     return R.astype(x, DTYPES[ctx.attrs(node)["dtype"]])
 
 
@@ -140,18 +142,46 @@ def _reduce(fn):
 def _linear(ctx, node, x, w, b=None):
     y = _packed_linear(ctx, node, x, w)
     if y is None:
-        y = R.matmul(x, R.permute_dims(w, [1, 0]))
+        y = R.matmul(x, R.permute_dims(as_f32(ctx, node.inputs[1], w), [1, 0]))
     return y if b is None else R.add(y, b)
 
 
 def weight_only(ctx, value: str) -> bool:
     """A weight, or a weight widened by a cast (compute-dtype's float32 of a BF16 weight): work
-    on it depends on the parameters alone, so the build lifts it, cast and packing, to load
-    time. (A BF16 model's GEMMs fell back to Relax's matmul, 3.4x slower in k3-small's prefill.)"""
+    on it depends on the parameters alone, so the build lifts it (a panel packing, a
+    transpose) to load time. (A BF16 model's GEMMs fell back to Relax's matmul, 3.4x slower in
+    k3-small's prefill.)"""
     if value in ctx.graph.weights:
         return True
     p = ctx.producer(value)
     return p is not None and p.op == "cast" and p.inputs[0] in ctx.graph.weights
+
+
+# The inputs at which an op's TVM lowering reads a weight in its stored dtype (`as_f32` or a
+# kernel that widens in registers). A BF16 weight that only such inputs read is held as BF16:
+# its cast lowers to nothing, so no float32 copy is made at load.
+STORED_READS = {"linear": (1,), "gated_mlp": (1,), "embedding": (0,), "mla_attention": (3,)}
+STORED_DTYPES = {"bf16": "bfloat16"}
+
+
+def stored(ctx, value: str) -> str | None:
+    """The TVM dtype in which `value`, the float32 cast of a weight, is held ("bfloat16"),
+    when every reader takes it at a STORED_READS input; None when it is a float32 value."""
+    p = ctx.producer(value)
+    if p is None or p.op != "cast" or p.inputs[0] not in ctx.graph.weights or value in ctx.graph.output_values:
+        return None
+    dtype = STORED_DTYPES.get(ctx.type_of(p.inputs[0]).dtype)
+    if dtype is None or ctx.type_of(value).dtype != "f32":
+        return None
+    for n in ctx.consumers(value):
+        if any(v == value and i not in STORED_READS.get(n.op, ()) for i, v in enumerate(n.inputs)):
+            return None
+    return dtype
+
+
+def as_f32(ctx, value: str, expr: relax.Expr) -> relax.Expr:
+    """`expr` (the Relax value of `value`) as float32: a stored weight widened where read."""
+    return expr if stored(ctx, value) is None else R.astype(expr, "float32")
 
 
 def packable(ctx, node, weight_input: int = 1) -> bool:
@@ -180,15 +210,17 @@ def panel_width() -> int:
     return WIDE_PANEL if tvm.target.codegen.llvm_cpu_has_features(["avx512f"], make_target("llvm")) else PANEL
 
 
-def packed_gemm(ctx, x2, w, M, N: int, K: int, decode: bool) -> relax.Expr:
+def packed_gemm(ctx, x2, w, M, N: int, K: int, decode: bool, wdtype: str | None = None) -> relax.Expr:
     """x2 [M, K] @ w[N, K]^T -> [M, N] through kernels/common/tvm/gemm.py; the packing of w is
-    weight-only, so the build lifts it to load time."""
+    weight-only, so the build lifts it to load time. `wdtype` is w's stored dtype ("bfloat16":
+    the panels stay BF16 and the kernel widens them), None for float32."""
     c = panel_width()
     P = -(-N // c)
     wpad = w if P * c == N else R.nn.pad(w, [0, P * c - N, 0, 0])
     wp = ctx.bb.emit(R.permute_dims(R.reshape(wpad, [P, c, K]), [0, 2, 1]))
     rows = packed_rows(decode, c)
-    gv = ctx.kernel(("packed_linear", K, N, rows, c), lambda: packed_linear(K, N, rows, c))
+    key = ("packed_linear", K, N, rows, c) + ((wdtype,) if wdtype else ())
+    gv = ctx.kernel(key, lambda: packed_linear(K, N, rows, c, wdtype or "float32"))
     return ctx.call_tir(gv, [x2, wp], [relax.TensorType([M, N], "float32")])[0]
 
 
@@ -202,12 +234,13 @@ def _packed_linear(ctx, node, x, w):
     for d in lead[1:]:
         M = M * d
     x2 = ctx.bb.emit(R.reshape(x, [M, K]))
-    y = packed_gemm(ctx, x2, w, M, N, K, decode=decode_step(ctx, node.inputs[0]))
+    y = packed_gemm(ctx, x2, w, M, N, K, decode=decode_step(ctx, node.inputs[0]), wdtype=stored(ctx, node.inputs[1]))
     return R.reshape(y, [*lead, N])
 
 
 def _embedding(ctx, node, w, ids):
-    return R.take(w, ids, axis=0, mode="clip")  # the runner rejects ids out of range first
+    rows = R.take(w, ids, axis=0, mode="clip")  # the runner rejects ids out of range first
+    return rows if stored(ctx, node.inputs[0]) is None else R.astype(rows, "float32")  # the rows read, widened
 
 
 def _ones(ctx, value: str, dtype: str):

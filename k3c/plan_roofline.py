@@ -22,7 +22,8 @@ sequences go as pp micro-batches, b = ceil(N / (dp pp))):
              (one NVLink direction: a rank sends and receives at once).
     decode tokens/s per user = 1 / (pp x the slowest stage's time); per GPU = N x that / world.
 Prefill: the dp copy's sequences of L tokens in one pass (weights once, causal MLA over L / 2
-on average, chunked KDA), prefill tokens/s per GPU = N L / (the slowest stage's time x world).
+on average, chunked KDA, the LM head on each sequence's last token), prefill tokens/s per GPU
+= N L / (the slowest stage's time x world).
 
 It is an upper bound: it leaves out kernel efficiency (no kernel reaches the peaks), the time a
 collective waits (latency, not bandwidth, rules small messages), launch and scheduling gaps,
@@ -173,7 +174,8 @@ def stage_time(p: Profile, mesh: DeployMesh, dev: Device, stage: int, seqs: int,
         nbytes += n * p.embed.bytes / p.config.vocab_size
     if stage == mesh.pp - 1:
         nbytes += p.head.bytes / vocab + p.final.bytes
-        flops += 2 * n * (p.head.macs / vocab + p.final.macs)
+        rows = seqs if prefill else n  # prefill needs the logits of each sequence's last token only
+        flops += 2 * rows * (p.head.macs / vocab + p.final.macs)
     sent = n * sum(v["bytes"] for v in comm_per_token(p, mesh, stage, combine).values())
     hbm, compute = nbytes / dev.hbm_bytes_per_s, flops / dev.bf16_flops + fexp / dev.expert_flops
     link = sent / dev.send_bytes_per_s

@@ -51,6 +51,9 @@ def anchors(model_name: str, state_dtype: str | None) -> None:
         st = e["memory"]["stages"][0]
         mine = e["decode_tokens_per_s_per_gpu"] if kind == "gpu" else e["decode_tokens_per_s_per_user"]
         ratio = f"{mine / pub:.2f}x" if pub else ""
+        if kind == "gpu" and "8K in / 1K out" in what:  # each output token also costs 8 prompt tokens of prefill
+            both = 1 / (1 / mine + 8 / e["prefill_tokens_per_s_per_gpu"])
+            ratio += f"; {both:.1f} tok/s with the prompts' prefill: {both / pub:.2f}x"
         pubs = f"{pub:g} per {kind.upper() if kind == 'gpu' else kind}" if pub else "none"
         step = e["decode_step"]
         bound = f"{step['bound']} ({step['hbm_s'] * 1e3:.2f} ms HBM, {step['link_s'] * 1e3:.2f} ms link)"

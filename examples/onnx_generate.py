@@ -32,11 +32,21 @@ def compile_k3_tiny(out_dir):
 def load_manifest(out_dir):
     try:
         with open(f"{out_dir}/manifest.json") as f:
-            return json.load(f)
+            manifest = json.load(f)
     except FileNotFoundError:
         compile_k3_tiny(out_dir)
         with open(f"{out_dir}/manifest.json") as f:
-            return json.load(f)
+            manifest = json.load(f)
+    except (OSError, ValueError) as err:
+        sys.exit(f"{out_dir}/manifest.json: cannot read it as JSON ({err})")
+    # another backend's artifact (tvm, triton) has a manifest too, without ONNX graphs to run
+    artifact = manifest.get("artifact") if isinstance(manifest, dict) else None
+    backend = artifact.get("backend") if isinstance(artifact, dict) else None
+    entries = manifest.get("entries") if isinstance(manifest, dict) else None
+    if backend != "onnx" or not isinstance(entries, dict) or not {"prefill", "decode"} <= set(entries):
+        sys.exit(f"{out_dir} holds a {backend or 'non-k3c'} artifact, not k3c's ONNX one (prefill.onnx, decode.onnx): "
+                 f"compile with --backend onnx")
+    return manifest
 
 
 def generate(out_dir, prompt, new_tokens):

@@ -93,7 +93,7 @@ def _cmd_show(args: argparse.Namespace) -> int:
 
 def _backend_list(args: argparse.Namespace, text: str, flag: str) -> list[str]:
     """The backends of --backends/--backend, onnx once per --flavour, and --out checked."""
-    specs = checks.backend_specs(text, checks.flavours(getattr(args, "flavour", None)), flag)
+    specs = checks.backend_specs(text, getattr(args, "flavour", None), flag)
     checks.out_root(args.out, specs, args.model, getattr(args, "force", False))
     return specs
 
@@ -180,18 +180,17 @@ def _cmd_compile(args: argparse.Namespace) -> int:
 
     if args.backend.strip() == "all" or "," in args.backend:
         return _cmd_compile_all(args)
-    specs = checks.backend_specs(args.backend, checks.flavours(args.flavour or "portable"), "--backend")
-    if len(specs) != 1:
-        raise UsageError(f"--backend {args.backend} with --flavour {args.flavour}: one artifact takes one flavour")
-    name, _, flavour = specs[0].partition(":")
+    from .backend_spec import parse_backend
+
+    spec = parse_backend(args.backend, "--backend", args.flavour)
+    name = spec.name
     aot = name == "triton" and args.target is not None
     if aot:
-        from .backends.triton.aot import target
+        from .backends.triton.aot import DEFAULT_SEQ_LEN, target
 
         target(args.target)  # an unknown target is said before a slow capture
-    options = {}
-    if name == "onnx":
-        options["flavour"] = flavour or "portable"
+        checks.aot_seq_len(args.seq_len or DEFAULT_SEQ_LEN)
+    options = spec.options()
     if args.target:
         options["target"] = args.target
     if aot and args.seq_len:
@@ -199,8 +198,8 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     if args.out is not None and not cli_module.is_module(args.model):  # a target not to replace fails now
         from .backends import artifact
 
-        artifact.check_target(args.out, backend=name, model=args.model, variant=options.get("flavour") or (
-            (args.target or "llvm") if name == "tvm" else None), force=args.force)
+        artifact.check_target(args.out, backend=name, model=args.model, variant=spec.variant(args.target),
+                              force=args.force)
     model, example, extra = cli_module.compile_args(args) if cli_module.is_module(args.model) else (
         _build(models, args), None, {})
     try:
@@ -351,6 +350,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     try:
+        checks.flag_conflicts(args)
         return args.func(args)
     except (KeyError, ValueError, TypeError, FileNotFoundError, ImportError, *user_errors()) as e:
         if args.debug:

@@ -48,42 +48,43 @@ def plot_available() -> None:
 
 def flavours(text: str | None) -> list[str]:
     """--flavour portable,ort -> the ONNX flavours to run (default: every one)."""
-    from .backends.onnx.lower import FLAVOURS
+    from .backend_spec import flavours_of
 
+    known = flavours_of("onnx")
     if text is None:
-        return list(FLAVOURS)
+        return list(known)
     names = [f.strip() for f in text.split(",") if f.strip()]
     if not names:
-        raise UsageError(f"--flavour {text!r} names no flavour; known: {', '.join(FLAVOURS)}")
-    bad = [f for f in names if f not in FLAVOURS]
+        raise UsageError(f"--flavour {text!r} names no flavour; known: {', '.join(known)}")
+    bad = [f for f in names if f not in known]
     if bad:
-        raise UsageError(f"unknown ONNX flavour(s) {bad}; known: {', '.join(FLAVOURS)}")
+        raise UsageError(f"unknown ONNX flavour(s) {bad}; known: {', '.join(known)}")
     return names
 
 
-def backend_specs(text: str, flavour_list: list[str], flag: str = "--backends") -> list[str]:
-    """`reference,onnx,tvm` or `all` -> the backends to run, onnx once per flavour
-    (`onnx` is the portable flavour, `onnx:ort` the ort one); an empty list is an error."""
-    from .backends import NAMES, registered
+def backend_specs(text: str, flavour_text: str | None, flag: str = "--backends") -> list[str]:
+    """`reference,onnx,tvm` or `all` -> the backends to run, a bare `onnx` once per flavour of
+    --flavour (`onnx` is the portable flavour, `onnx:ort` the ort one); each name is read by
+    backend_spec.parse_backend. An empty list, or a --flavour with no bare onnx to apply to, is an error."""
+    from .backend_spec import BackendSpec, known_backends, parse_backend
 
-    names = list(NAMES) if text.strip() == "all" else [b.strip() for b in text.split(",") if b.strip()]
+    names = list(known_backends()) if text.strip() == "all" else [b.strip() for b in text.split(",") if b.strip()]
     if not names:
-        raise UsageError(f"{flag} {text!r} names no backend; known: {', '.join(NAMES)} or all")
-    unknown = [b for b in names if b.partition(":")[0] not in NAMES + registered()]
-    if unknown:
-        raise UsageError(f"unknown backend(s) {unknown}; known: {', '.join(NAMES)} or all")
+        raise UsageError(f"{flag} {text!r} names no backend; known: {', '.join(known_backends())} or all")
+    flavour_list = flavours(flavour_text)
     specs: list[str] = []
+    bare_onnx = False
     for b in names:
-        name, _, variant = b.partition(":")
-        if variant:
-            if name != "onnx" or variant not in flavours(variant):
-                raise UsageError(f"backend {b!r}: only onnx takes a flavour (onnx:portable, onnx:ort)")
-            expanded = [b if variant != "portable" else "onnx"]
-        elif name == "onnx":
-            expanded = ["onnx" if f == "portable" else f"onnx:{f}" for f in flavour_list]
+        spec = parse_backend(b, flag)
+        if spec.name == "onnx" and spec.flavour is None:
+            bare_onnx = True
+            expanded = [str(BackendSpec("onnx", f)) for f in flavour_list]
         else:
-            expanded = [name]
+            expanded = [str(spec)]
         specs += [s for s in expanded if s not in specs]
+    if flavour_text is not None and not bare_onnx:
+        raise UsageError(f"--flavour {flavour_text} applies to a bare onnx in {flag}, and {flag} {text} has none "
+                         "(onnx:FLAVOUR names its own)")
     return specs
 
 
@@ -96,10 +97,12 @@ def out_root(path: str | None, specs: list[str], model: str, force: bool) -> Non
     root = Path(path)
     if root.exists() and not root.is_dir():
         raise UsageError(f"--out {path}: is a file; artifacts go into a folder")
-    for spec in specs:
-        name, _, variant = spec.partition(":")
-        variant = variant or ("portable" if name == "onnx" else "llvm" if name == "tvm" else None)
-        artifact.check_target(root / spec.replace(":", "-"), backend=name, model=model, variant=variant, force=force)
+    from .backend_spec import parse_backend
+
+    for text in specs:
+        spec = parse_backend(text)
+        artifact.check_target(root / text.replace(":", "-"), backend=spec.name, model=model, variant=spec.variant(),
+                              force=force)
 
 
 def write_json(path: str, data: dict) -> None:
@@ -110,3 +113,51 @@ def write_json(path: str, data: dict) -> None:
             json.dump(data, f, indent=2)
     except OSError as err:
         raise UsageError(f"--json {path}: cannot write ({err.strerror})") from None
+
+
+# CUDA's launch limits: blocks in a grid's x, and in its y and z
+GRID_X, GRID_YZ = 2**31 - 1, 65535
+
+
+def aot_seq_len(seq_len: int) -> None:
+    """--seq-len of a Triton AOT compile: the chunked kernels put T / chunk in a grid's y
+    (chunk_output's grid is (V / BV, T / C, B H)), which CUDA caps at 65535 blocks; a longer
+    length would compile kernels no GPU can launch."""
+    from .kernels.delta_chunk import DEFAULT_CHUNK_SIZE
+
+    chunks = -(-seq_len // DEFAULT_CHUNK_SIZE)
+    if chunks > GRID_YZ:
+        raise UsageError(f"--seq-len {seq_len}: {chunks} chunks of {DEFAULT_CHUNK_SIZE} tokens in a grid's y exceed "
+                         f"CUDA's launch limit of {GRID_YZ} blocks (at most {GRID_YZ * DEFAULT_CHUNK_SIZE} tokens)")
+
+
+def flag_conflicts(args: argparse.Namespace) -> None:
+    """Flags that contradict each other, or that the command would ignore: one line each."""
+    given = vars(args)
+    model = given.get("model") or ""
+    if (given.get("inputs") or given.get("dims")) and ".py:" not in model:
+        flag = "--inputs" if given.get("inputs") else "--dims"
+        raise UsageError(f"{flag} applies to --model FILE.py:NAME (a module of a file); {model} is a zoo model")
+    if given.get("cache") == "grow" and given.get("max_context") is not None:
+        raise UsageError(f"--cache grow and --max-context {args.max_context} contradict each other: growing caches "
+                         "have no capacity (--cache fixed --max-context N for fixed ones)")
+    if given.get("cache") == "fixed" and given.get("max_context") is None:
+        raise UsageError("--cache fixed needs --max-context N, the caches' capacity")
+    outputs = [(f, given.get(k)) for f, k in (("--json", "json"), ("--plot", "plot"), ("--dot", "dot"))]
+    paths = [(f, os.path.realpath(p)) for f, p in outputs if p]
+    for i, (f, p) in enumerate(paths):
+        for g, q in paths[i + 1:]:
+            if p == q:
+                raise UsageError(f"{f} and {g} name the same file {q}: one would overwrite the other")
+    if args.command == "generate" and given.get("backend") == "eager":
+        for flag, key in (("--out", "out"), ("--force", "force")):
+            if given.get(key):
+                raise UsageError(f"{flag} with --backend eager: the eager model writes no artifact")
+    if given.get("mesh") is not None and not given["mesh"].strip():
+        raise UsageError("--mesh '' names no mesh: give tp=N,ep=M (or leave --mesh out for one process)")
+    if args.command == "compile" and given.get("seq_len") is not None:
+        backend = given.get("backend", "")
+        if not (backend.strip() == "all" or "," in backend or given.get("target", "") and
+                str(given.get("target")).startswith("sm_")):
+            raise UsageError("--seq-len applies to --backend all (the check's length) or --target sm_* (the "
+                             "kernels' length); a compiled artifact takes any length")

@@ -154,6 +154,17 @@ def prepare(graphs: dict[str, Graph], be, passes: str | list[str] = "default",
     return out
 
 
+def _with_chunk_size(passes: str | list[str], chunk_size: object) -> list[str]:
+    from . import passes as passes_mod
+
+    steps = passes_mod.steps_of(passes)
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        raise UsageError(f"chunk_size={chunk_size!r}: the chunk length of chunk-delta-rule must be a positive int")
+    if not any(passes_mod.registry.parse_step(s)[0] == "chunk-delta-rule" for s in steps):
+        raise UsageError(f"chunk_size={chunk_size}: the pipeline {passes!r} has no chunk-delta-rule pass to take it")
+    return passes_mod.for_backend(steps, chunk_size=chunk_size)
+
+
 def compile(model: torch.nn.Module, backend: str, example_inputs: tuple, out_dir: str | Path | None = None,
             passes: str | list[str] = "default", *, dynamic: bool = True, verbose: bool = False,
             pass_options: dict | None = None, force: bool = False, mesh: str | None = None,
@@ -198,6 +209,8 @@ def compile(model: torch.nn.Module, backend: str, example_inputs: tuple, out_dir
             raise UsageError("mesh= with max_context=: the per-rank artifacts have growing caches only")
 
         return compile_mesh(model, backend, example_inputs, mesh, out_dir, passes, force=force, **options)
+    if "chunk_size" in options:  # not the backend's: the chunk length of the chunk-delta-rule pass
+        passes = _with_chunk_size(passes, options.pop("chunk_size"))
     be = backends.get(backend, **{**options.pop("backend_options", {}), **options})
     if out_dir is not None:  # before the slow part: a target that may not be replaced fails now
         artifact.check_target(out_dir, backend=be.name, model=getattr(model, "name", type(model).__name__),

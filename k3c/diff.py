@@ -31,6 +31,7 @@ from .compiler import capture_entries, prepare, rebind_weights
 from .errors import UsageError
 from .models.precision import fp32_copy, low_precision
 from .numerics import Tolerance, compare, model_tolerance, rel_rms_err
+from .resources import check_fits
 
 
 @dataclass
@@ -126,14 +127,14 @@ def seeded_ids(vocab: int, B: int, T: int, seed: int = 0) -> torch.Tensor:
 def backend_for(spec: str, compute: str | None = None):
     """A backend object from a name as `diff` takes it: NAME or NAME:FLAVOUR (onnx:ort),
     computing in `compute` ("f32") when given."""
-    name, _, variant = spec.partition(":")
-    if variant and name != "onnx":
-        raise UsageError(f"backend {spec!r}: only onnx has flavours (onnx:portable, onnx:ort)")
-    be = backends_mod.get(name, **({"flavour": variant} if variant else {}))
+    from .backend_spec import parse_backend
+
+    parsed = parse_backend(spec, "backend")
+    be = backends_mod.get(parsed.name, **parsed.options())
     if compute is None or getattr(be, "compute_dtype", None) == compute:
         return be
     try:
-        return backends_mod.get(name, compute=compute, **({"flavour": variant} if variant else {}))
+        return backends_mod.get(parsed.name, compute=compute, **parsed.options())
     except TypeError:
         raise UsageError(f"backend {spec!r} cannot compute in {compute}") from None
 
@@ -194,6 +195,9 @@ def diff(model: torch.nn.Module, backends: list[str], *, seq_len: int = 130, bat
         raise UsageError(f"seq_len {seq_len}, batch {batch} must be >= 1 and decode_steps {decode_steps} >= 0")
     say = progress or (lambda msg: None)
     name = getattr(model, "name", type(model).__name__)
+    tokens = batch * (seq_len + decode_steps)  # eager's logits in float32 and its yardstick's in float64, at least
+    check_fits(f"diff: batch {batch} x {seq_len + decode_steps} tokens of {model.config.vocab_size} logits",
+               tokens * model.config.vocab_size * 12, UsageError)
     if stress:
         from .stress import stressed
 

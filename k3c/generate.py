@@ -111,28 +111,58 @@ def generate(run, prompts: list[list[int]], max_new_tokens: int, progress=None) 
                  "tokens_per_s": steps / decode_s if decode_s > 0 else float("nan")}
 
 
+def check_cache_fits(model, batch: int, capacity: int) -> None:
+    """Fixed caches of `capacity` rows for `batch` sequences, refused (UsageError, with the
+    numbers) when they cannot fit the memory available, or past the model's position table."""
+    from .models.validate import state_spec
+    from .resources import check_fits
+
+    limit = getattr(model.config, "n_positions", None)
+    if limit is not None and capacity > limit:
+        raise UsageError(f"caches of {capacity} rows (prompt + --max-new-tokens) exceed {model.name}'s position "
+                         f"table (n_positions = {limit})")
+    row = fixed = 0
+    for shape, grow, dtype in state_spec(model).values():
+        n = dtype.itemsize
+        for axis, d in enumerate(shape):
+            n *= 1 if axis in grow else d
+        row, fixed = (row + n, fixed) if grow else (row, fixed + n)
+    check_fits(f"caches of {capacity} rows for {batch} sequence(s) ({row} bytes a row)",
+               batch * (capacity * row + fixed), UsageError)
+
+
 def run_cli(args) -> int:
     """`k3c generate`: build the model, compile it with fixed caches (or run eager), generate."""
     from . import compile as k3c_compile
     from . import models
 
     prompts = read_prompts(args.prompt_ids, args.prompt_file, args.batch_file)
+    spec = None
+    if args.backend != "eager":  # any name diff takes: NAME or NAME:FLAVOUR (backend_spec.py)
+        from .backend_spec import parse_backend
+
+        spec = parse_backend(args.backend, "--backend")
     model = models.build(args.model).eval()
-    capacity = args.max_context or max(len(p) for p in prompts) + args.max_new_tokens
-    if args.backend == "eager":
+    longest = max(len(p) for p in prompts)
+    capacity = args.max_context or longest + args.max_new_tokens
+    if longest + args.max_new_tokens - 1 > capacity:
+        raise InputError(f"a prompt of {longest} tokens and {args.max_new_tokens} new ones exceed --max-context "
+                         f"{capacity}")
+    check_cache_fits(model, len(prompts), capacity)
+    if spec is None:
         run = EagerRunner(model, capacity)
     else:
         ids, _ = pad(prompts)
         t0 = time.perf_counter()
-        run = k3c_compile(model, args.backend, (ids[:, :min(ids.shape[1], 16)].clamp(0, None),),
-                          out_dir=args.out, max_context=capacity, force=args.force)
+        run = k3c_compile(model, spec.name, (ids[:, :min(ids.shape[1], 16)].clamp(0, None),),
+                          out_dir=args.out, max_context=capacity, force=args.force, **spec.options())
         kept = "" if args.out is None else f": {run.out_dir}"  # without --out it is removed at the end
         print(f"compiled {args.model} for {args.backend} (max_context {capacity}) in "
               f"{time.perf_counter() - t0:.1f}s{kept}", file=sys.stderr)
     try:
         new, stats = generate(run, prompts, args.max_new_tokens, progress=sys.stderr)
     finally:
-        if args.backend != "eager" and args.out is None:
+        if spec is not None and args.out is None:
             shutil.rmtree(run.out_dir, ignore_errors=True)
     for row in new:
         print(" ".join(map(str, row)))

@@ -77,10 +77,11 @@ def last_logits(logits: torch.Tensor, lengths) -> torch.Tensor:
 def prefill_inputs(compiled, input_ids: torch.Tensor, lengths, logits: str) -> tuple[str, list[torch.Tensor]]:
     """The entry and inputs of a prefill call of `compiled` (a CompiledModel): prefill_last for
     last-token logits where the artifact has it (else prefill, whose logits `last_logits` cuts)."""
-    from .models.validate import check_lengths
+    from .models.validate import check_input_ids, check_lengths
 
     if logits not in ("all", "last"):
         raise InputError(f"prefill: logits must be 'all' or 'last', got {logits!r}")
+    check_input_ids(input_ids, "prefill")
     B, T = input_ids.shape
     entry = "prefill_last" if logits == "last" and "prefill_last" in compiled.graphs else "prefill"
     takes_lengths = "lengths" in compiled.graphs[entry].inputs

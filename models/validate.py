@@ -32,15 +32,20 @@ def _tracing() -> bool:
 
 
 def _check_ids(model, input_ids, what: str) -> None:
+    check_input_ids(input_ids, what, model.config.vocab_size)
+
+
+def check_input_ids(input_ids, what: str, vocab: int | None = None) -> None:
+    """input_ids: an integer tensor [B, T], every id in [0, vocab) when `vocab` is given (the
+    eager models and every compiled runner check their ids here)."""
     if not isinstance(input_ids, torch.Tensor):
         raise InputError(f"{what}: input_ids must be a tensor of token ids [B, T], got {type(input_ids).__name__}")
     if input_ids.dtype.is_floating_point or input_ids.dtype.is_complex or input_ids.dtype == torch.bool:
         raise InputError(f"{what}: input_ids must hold integer token ids, got {input_ids.dtype}")
     if input_ids.dim() != 2:
         raise InputError(f"{what}: input_ids must be [B, T], got shape {list(input_ids.shape)}")
-    if input_ids.is_meta or not input_ids.numel():
+    if vocab is None or input_ids.is_meta or not input_ids.numel():
         return
-    vocab = model.config.vocab_size
     bad = (input_ids < 0) | (input_ids >= vocab)
     if bool(bad.any()):
         b, t = (int(i) for i in bad.nonzero()[0])

@@ -44,6 +44,7 @@ class Target:
     arch: int  # 90
     shared_limit: int  # the most shared memory one block may ask for (opt-in), bytes
     tensor_cores: tuple[str, ...]  # the PTX tensor-core families found on this target
+    block_scaled: bool = False  # MX operands with their E8M0 scales multiply in the MMA itself
 
     def gpu_target(self):
         from triton.backends.compiler import GPUTarget
@@ -56,7 +57,7 @@ class Target:
 TARGETS: dict[str, Target] = {
     "sm_80": Target("sm_80", 80, 163 * 1024, ("mma",)),
     "sm_90": Target("sm_90", 90, 227 * 1024, ("wgmma", "mma")),
-    "sm_100": Target("sm_100", 100, 227 * 1024, ("tcgen05", "wgmma", "mma")),
+    "sm_100": Target("sm_100", 100, 227 * 1024, ("tcgen05.block_scale", "tcgen05", "wgmma", "mma"), True),
 }
 
 

@@ -9,12 +9,17 @@ of kernels.json holds is read from those artifacts, not estimated:
     shared_bytes               the dynamic shared memory triton asks for at launch plus the
                                cubin's static SHARED
     tensor_cores               the tensor-core instructions in the PTX: `wgmma.mma_async`
-                               (sm_90), `mma.sync` (sm_80 and up), `tcgen05.mma` (sm_100); their
-                               count in the SASS (HGMMA / HMMA / UTC*MMA) for one variant with dots
-                               of each kernel function (count_sass_tensor_ops)
-    dots, dot_kinds            the `tt.dot` ops of the TTIR, i.e. what the kernel asks for, and
-                               what they multiply: "bf16"/"f16" operands, or fp32 ones as "tf32",
-                               "tf32x3" (three TF32 products) or "ieee" (FMA, no tensor cores)
+                               (sm_90), `mma.sync` (sm_80 and up), `tcgen05.mma` (sm_100), and
+                               "tcgen05.block_scale" when every tcgen05.mma is the block-scaled
+                               one (MX operands, E8M0 scales applied by the MMA); their count in
+                               the SASS (HGMMA / HMMA / UTC*MMA) for one variant with dots of each
+                               kernel function (count_sass_tensor_ops)
+    mma                        the distinct tensor-core instructions of the PTX, in full
+                               (`tcgen05.mma.cta_group::1.kind::mxf8f6f4.block_scale...`)
+    dots, dot_kinds            the `tt.dot` / `tt.dot_scaled` ops of the TTIR, i.e. what the
+                               kernel asks for, and what they multiply: "bf16"/"f16" operands,
+                               fp32 ones as "tf32", "tf32x3" (three TF32 products) or "ieee" (FMA,
+                               no tensor cores), a scaled dot as its formats ("e2m1 x e4m3")
 """
 
 from __future__ import annotations
@@ -34,9 +39,10 @@ import triton  # isort: skip
 
 # PTX instruction -> the tensor-core family it belongs to, newest first
 TENSOR_CORE_PTX = (("tcgen05.mma", "tcgen05"), ("wgmma.mma_async", "wgmma"), ("mma.sync", "mma"))
+MMA_PTX = re.compile(r"\b(?:tcgen05\.mma|wgmma\.mma_async|mma\.sync)(?:\.[\w:]+)*")
 SASS_TENSOR_OPS = re.compile(r"\b(?:HGMMA|HMMA|IMMA|UTC\w*MMA)\b")
 TTIR_DOT = re.compile(r"\btt\.dot(?:_scaled)? [^:]*?(?:inputPrecision = (?P<prec>\w+))?"
-                      r"\s*:\s*tensor<[0-9x]+x(?P<elem>\w+)>")
+                      r"(?:lhs = (?P<lhs>\w+) rhs = (?P<rhs>\w+)[^:]*?)?\s*:\s*tensor<[0-9x]+x(?P<elem>\w+)>")
 RES_USAGE = re.compile(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)")
 SPILLS = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
 
@@ -100,7 +106,10 @@ def _resources(cubin: Path, kernel, ptxas_log: str) -> dict:
 def _tensor_cores(ttir: str, ptx: str, cubin: Path, target: Target) -> dict:
     kinds = [_dot_kind(m) for m in TTIR_DOT.finditer(ttir)]
     family = next((fam for instr, fam in TENSOR_CORE_PTX if instr in ptx), None)
-    return {"dots": len(kinds), "dot_kinds": sorted(set(kinds)), "tensor_cores": family,
+    mma = sorted(set(MMA_PTX.findall(ptx)))
+    if family == "tcgen05" and all("block_scale" in m for m in mma if m.startswith("tcgen05.mma")):
+        family = "tcgen05.block_scale"
+    return {"dots": len(kinds), "dot_kinds": sorted(set(kinds)), "tensor_cores": family, "mma": mma,
             "tensor_core_sass": None}
 
 
@@ -118,7 +127,10 @@ def count_sass_tensor_ops(rows: list[dict], out_dir: Path) -> None:
 
 def _dot_kind(m: re.Match) -> str:
     """What a tt.dot multiplies: its operands' type when 16- or 8-bit ("bf16", "f16"), else the
-    precision of its fp32 operands ("tf32", "tf32x3", "ieee": an FMA dot, the default)."""
+    precision of its fp32 operands ("tf32", "tf32x3", "ieee": an FMA dot, the default); a scaled
+    dot's operand formats ("e2m1 x e4m3")."""
+    if m.group("lhs"):
+        return f"{m.group('lhs')} x {m.group('rhs')}"
     elem = m.group("elem")
     return elem if elem != "f32" else (m.group("prec") or "ieee").lower()
 

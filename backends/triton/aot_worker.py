@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-CACHE_VERSION = "1"  # bump when a kernels.json row changes meaning
+CACHE_VERSION = "2"  # bump when a kernels.json row changes meaning
 _LAUNCHES: list = []  # the kernels to compile, shared with forked pool processes
 
 

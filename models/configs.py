@@ -150,7 +150,14 @@ def config_for(name: str, **overrides) -> object:
     bad = sorted(set(overrides) - known)
     if bad:
         raise TypeError(f"{name}: unknown config field(s) {bad}; fields: {sorted(known)}")
-    return replace(cfg, **overrides)
+    cfg = replace(cfg, **overrides)
+    problems = config_problems(cfg, layer_lists=False)
+    if problems:
+        from ..errors import UsageError
+
+        field, what = problems[0]
+        raise UsageError(f"{name}: {field} {what}")
+    return cfg
 
 
 # --- what k3c's models implement: each field's type and range ---------------------------
@@ -201,9 +208,11 @@ def _range_problem(name: str, value: object) -> str | None:
     return None if name in _ANY_SIGN or value > 0 else f"= {value} must be > 0"
 
 
-def config_problems(cfg: object) -> list[tuple[str, str]]:
+def config_problems(cfg: object, layer_lists: bool = True) -> list[tuple[str, str]]:
     """(field, what is wrong) for each value of `cfg` that is not of its field's type, outside
-    its range, or at odds with another field; [] for a config k3c's models can build."""
+    its range, or at odds with another field; [] for a config k3c's models can build.
+    `layer_lists` False lets `mla_layers` name layers past `num_layers` (a preset cut short
+    by `build(..., num_layers=2)` keeps its list; the model has no such layers)."""
     problems = []
     for f in fields(cfg):
         value = getattr(cfg, f.name)
@@ -219,7 +228,7 @@ def config_problems(cfg: object) -> list[tuple[str, str]]:
             problems.append(("top_k", f"= {cfg.top_k} exceeds num_experts = {cfg.num_experts}"))
         if cfg.first_k_dense > cfg.num_layers:
             problems.append(("first_k_dense", f"= {cfg.first_k_dense} exceeds num_layers = {cfg.num_layers}"))
-        bad = [i for i in cfg.mla_layers if not 1 <= i <= cfg.num_layers]
+        bad = [i for i in cfg.mla_layers if not 1 <= i <= (cfg.num_layers if layer_lists else MAX_DIM)]
         if bad or len(set(cfg.mla_layers)) != len(cfg.mla_layers):
             problems.append(("mla_layers", f"= {list(cfg.mla_layers)[:8]} must be distinct layer numbers in "
                                            f"1..{cfg.num_layers} (1-based)"))

@@ -108,3 +108,16 @@ def test_one_weight_of_another_floating_dtype_is_named(tmp_path):
     with pytest.raises(CheckpointError, match=f"{name} is stored as torch.float16, .* other weights as torch.float32"):
         from_pretrained(tmp_path)
     assert from_pretrained(tmp_path, dtype="float32").transformer.h[0].attn.c_proj.weight.dtype.is_floating_point
+
+
+@pytest.mark.parametrize("override, message", [
+    ({"num_layers": -1}, r"k3-tiny: num_layers = -1 is outside \[1, "),
+    ({"hidden_size": "8"}, r"k3-tiny: hidden_size = '8' is not int"),
+    ({"top_k": 99}, r"k3-tiny: top_k = 99 exceeds num_experts = 8"),
+], ids=["negative", "string", "top-k"])
+def test_build_overrides_are_checked_before_anything_is_built(override, message):
+    from k3c.errors import UsageError
+    from k3c.models import build
+
+    with pytest.raises(UsageError, match=message):
+        build("k3-tiny", device="meta", **override)

@@ -24,7 +24,8 @@ class Attention(nn.Module):
         self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd)
 
     def forward(self, x: torch.Tensor, state: State | None, seq: Seq | None = None) -> tuple[torch.Tensor, State]:
-        B, T, C = x.shape
+        B, T, _ = x.shape
+        C = self.H * self.D  # the heads this module holds (a tp rank holds some of them)
         q, k, v = (t.view(B, T, self.H, self.D) for t in self.c_attn(x).split(C, dim=2))
         if state is not None and seq is not None and seq.positions is not None:  # fixed-capacity caches
             k = ops.cache_write(state["k"], k, seq.positions)

@@ -1,5 +1,6 @@
 """A device mesh: `tp` ranks split the attention heads and MLP widths, `ep` ranks split the
-routed experts; the world is tp * ep ranks.
+routed experts; the world is tp * ep ranks. Models without experts (the zoo's GPT-2 and
+linear-attention models) take tp only.
 
 Rank r sits at (ep index, tp index) = divmod(r, tp). Its tensor-parallel group is the tp ranks
 of its ep index (r // tp * tp ...), its expert-parallel group the ep ranks of its tp index.
@@ -91,11 +92,11 @@ class Mesh:
 
 
 def check_divides(mesh: Mesh, config) -> None:
-    """A UsageError naming every head count, width or expert count of a Kimi config the mesh
-    does not divide (config-level, before any capture)."""
+    """A UsageError naming every head count, width or expert count of a config the mesh does
+    not divide (config-level, before any capture): a Kimi model's, or a zoo model's with heads
+    (passes/partition_zoo.py), which has no experts for ep nor a split vocabulary."""
     if getattr(config, "family", None) != "kimi":
-        raise UsageError(f"partitioning takes the Kimi family (kimi-linear, k3): a {type(config).__name__} "
-                         f"has no KDA/MLA heads or experts to split")
+        return _check_zoo(mesh, config)
     tp_widths = {"KDA heads (kda_heads)": config.kda_heads, "MLA heads (mla_heads)": config.mla_heads,
                  "dense MLP width (dense_intermediate_size)": config.dense_intermediate_size,
                  "shared-expert width (moe_intermediate_size * num_shared_experts)":
@@ -106,5 +107,22 @@ def check_divides(mesh: Mesh, config) -> None:
         bad.append(f"tp={mesh.tp} does not divide the {config.vocab_size} vocabulary entries (vocab_size)")
     if config.num_experts % mesh.ep:
         bad.append(f"ep={mesh.ep} does not divide the {config.num_experts} routed experts (num_experts)")
+    if bad:
+        raise UsageError(f"mesh {mesh}: " + "; ".join(bad))
+
+
+def _check_zoo(mesh: Mesh, config) -> None:
+    from .partition_zoo import zoo_widths
+
+    widths = zoo_widths(config)
+    name = type(config).__name__
+    if widths is None:
+        raise UsageError(f"mesh {mesh}: a {name} has no heads to split (partitioning takes the Kimi family, "
+                         f"the linear-attention family and GPT-2)")
+    bad = [f"tp={mesh.tp} does not divide the {n} {what}" for what, n in widths.items() if n % mesh.tp]
+    if mesh.ep > 1:
+        bad.append(f"ep={mesh.ep}: a {name} has no routed experts to split")
+    if mesh.vocab:
+        bad.append(f"'vocab': a {name}'s vocabulary is not split (only the Kimi family's is)")
     if bad:
         raise UsageError(f"mesh {mesh}: " + "; ".join(bad))

@@ -1,4 +1,5 @@
-"""The partition pass: one rank's part of a Kimi model (Kimi Linear, K3) on a mesh.
+"""The partition pass: one rank's part of a Kimi model (Kimi Linear, K3) on a mesh (the zoo's
+GPT-2 and linear-attention models on tp: passes/partition_zoo.py).
 
 The split is made on the module tree before capture, so each rank's graph is the capture of
 a model that holds only its shards and calls the collectives where a partial sum must become
@@ -48,6 +49,7 @@ from ..models.moe_layer import MoE, MXFP4Experts
 from ..models.validate import _SPEC, state_spec
 from .cost import combine_bytes, exchange_bytes
 from .mesh import Mesh, check_divides
+from .partition_zoo import partition_zoo
 
 
 def _reduce(x: torch.Tensor, group: list[int]) -> torch.Tensor:
@@ -313,7 +315,9 @@ def partition(model: nn.Module, mesh: Mesh | str, rank: int, combine: str = "aut
     group = mesh.tp_group(rank)
     spec = state_spec(model)  # the one-process state's shapes, before the copy (it caches them)
     part = copy.deepcopy(model)
-    for layer in part.model.layers:
+    if getattr(model.config, "family", None) != "kimi":  # the zoo's models with heads (tp only)
+        partition_zoo(part, t, mesh.tp, group)
+    for layer in part.model.layers if getattr(model.config, "family", None) == "kimi" else ():
         if mesh.tp > 1:
             (_mla if isinstance(layer.self_attn, MLAMixer) else _kda)(layer.self_attn, t, mesh.tp, group)
             if hasattr(layer, "mlp"):
@@ -333,13 +337,14 @@ def partition(model: nn.Module, mesh: Mesh | str, rank: int, combine: str = "aut
     return part
 
 
-_BY_HEAD = ("S", "conv_q", "conv_k", "conv_v")
+_BY_HEAD = {"S": 1, "z": 1, "conv_q": 1, "conv_k": 1, "conv_v": 1, "k": 2, "v": 2}
 
 
 def split_dim(name: str) -> int | None:
-    """The dim a state entry is split along over tp: the KDA state S [B, H, K, V] by head, the
-    conv tails [B, H K, W - 1] by channel; None for the MLA latent cache (no head axis)."""
-    return 1 if name.rsplit(".", 1)[-1] in _BY_HEAD else None
+    """The dim a state entry is split along over tp: a recurrent state S [B, H, K, V] and the
+    normaliser z [B, H, K] by head, the conv tails [B, H K, W - 1] by channel, GPT-2's KV cache
+    [B, P, H, D] by head; None for the MLA latent cache (no head axis)."""
+    return _BY_HEAD.get(name.rsplit(".", 1)[-1])
 
 
 def _shard_shape(name: str, shape: tuple[int, ...], tp: int) -> tuple[int, ...]:

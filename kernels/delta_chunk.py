@@ -70,29 +70,29 @@ def from_chunks(x: Tensor, T: int) -> Tensor:
 
 # ---------------------------------------------------------------- (a) intra-chunk
 
-# A decay factor is exp(x) for its log x <= 0, with no floor: a state the recurrence erases
-# must stay erased. Below LOG_FLUSH the factor would be subnormal in fp32 (under 2^-126), where
-# the recurrence itself has lost its digits; it is flushed to an exact 0 there, which keeps exp
-# and the products that follow off the CPU's slow paths for subnormal numbers (10 to 30 times
-# slower). NaN stays NaN (comparisons with NaN are false). Entries that must be exactly zero
-# (j > i) are zeroed by a mask, not by exp.
-LOG_FLUSH = -87.0
-TINY = 2.0**-126  # the smallest normal fp32; a product of decays below it is flushed to 0
+# A decay factor is exp(x) for its log x <= 0, floored only at the bottom of fp32's normal
+# range (2^-126 = 1.2e-38): a state the recurrence erases keeps at most 1.2e-38 of itself, where
+# the recurrence's own values turn subnormal and lose their digits. (An e^-30 floor kept 1e-13
+# of it, 3.8e-5 of an output whose new writes are small.) The floor keeps exp and the products
+# that follow off the CPU's slow paths for subnormal numbers (10 to 30 times slower); one
+# clamp, which keeps NaN. Entries that must be exactly zero (j > i) are zeroed by a mask.
+LOG_FLOOR = -87.0  # exp(-87) = 1.6e-38, just above 2^-126
+TINY = 2.0**-126  # the smallest normal fp32: the floor of a product of decays
 
 
 def decay_exp_(x: Tensor) -> Tensor:
-    """exp(x) in place for log-decays x <= 0, flushed to 0 below LOG_FLUSH."""
-    return x.masked_fill_(x < LOG_FLUSH, float("-inf")).exp_()
+    """exp(max(x, LOG_FLOOR)) in place, for log-decays x <= 0."""
+    return x.clamp_(min=LOG_FLOOR).exp_()
 
 
 def decay_exp(x: Tensor) -> Tensor:
-    """exp(x) for log-decays x <= 0, flushed to 0 below LOG_FLUSH."""
+    """exp(max(x, LOG_FLOOR)), for log-decays x <= 0."""
     return decay_exp_(x.clone())
 
 
-def flush_tiny_(x: Tensor) -> Tensor:
-    """Products of decays below TINY set to 0 in place (NaN kept)."""
-    return x.masked_fill_(x < TINY, 0.0)
+def floor_tiny_(x: Tensor) -> Tensor:
+    """A product of decays raised to TINY in place where it fell below (NaN kept)."""
+    return x.clamp_(min=TINY)
 
 
 def segment_sums(g: Tensor) -> Tensor:
@@ -173,8 +173,7 @@ def channel_decay_scores(q: Tensor, k: Tensor, g: Tensor) -> tuple[Tensor, Tenso
     suffix decays are the previous level's times one block total (again <= 1), so the only exps
     are those of g itself (C * K per chunk instead of C * C * K), and no decay is ever a
     difference of two cumulative sums (which would cancel after a strong decay). Odd leaf blocks
-    (C not a power of two) are done pairwise. Decays below TINY are flushed to 0 like
-    `decay_exp`.
+    (C not a power of two) are done pairwise. Decays are floored at TINY like `decay_exp`.
     """
     return channel_decay_scores_(q, k, g.clone())
 
@@ -201,9 +200,15 @@ def channel_decay_scores_(q: Tensor, k: Tensor, g: Tensor) -> tuple[Tensor, Tens
         _block_diagonal(kk, nb)[..., h:, :h, :] = blk[..., :h, :, :]
         _block_diagonal(qk, nb)[..., h:, :h, :] = blk[..., h:, :, :]
         # double the blocks: first-half suffixes and second-half prefixes span the other half
-        flush_tiny_(suf[..., 0, :, :].mul_(pre[..., 1, -1:, :]))
-        flush_tiny_(pre[..., 1, :, :].mul_(pre[..., 0, -1:, :]))
+        floor_tiny_(suf[..., 0, :, :].mul_(pre[..., 1, -1:, :]))
+        floor_tiny_(pre[..., 1, :, :].mul_(pre[..., 0, -1:, :]))
     return kk, qk, prefix, suffix
+
+
+def all_finite(y: Tensor) -> bool:
+    """No NaN or inf in y, by one sum (a NaN or an inf makes it non-finite; a finite sum that
+    overflows only sends the caller down its careful path)."""
+    return math.isfinite(float(y.sum()))
 
 
 def causal_matmul(A: Tensor, x: Tensor) -> Tensor:
@@ -211,9 +216,9 @@ def causal_matmul(A: Tensor, x: Tensor) -> Tensor:
     time order, with rows before a non-finite row of x (or column of A) left finite, as the
     recurrence leaves them: a plain matmul multiplies the masked zeros by that NaN or inf
     (0 * NaN = NaN) and spreads it to earlier tokens. All-finite results (the usual case) cost
-    one check; otherwise the product is a sum over j <= i selected by `where`."""
+    one sum; otherwise the product is a sum over j <= i selected by `where`."""
     y = A @ x
-    if bool(torch.isfinite(y).all()):
+    if all_finite(y):
         return y
     keep = causal_mask(A.shape[-1], A.device)[:, :, None]
     return torch.where(keep, A[..., :, :, None] * x[..., None, :, :], 0.0).sum(-2)
@@ -361,7 +366,7 @@ def chunk_output(q_decayed: Tensor, aqk: Tensor, v_new: Tensor, start_states: Te
     o = q_decayed @ start_states
     o.view(-1, *o.shape[-2:]).baddbmm_(aqk.reshape(-1, *aqk.shape[-2:]),
                                        v_new.reshape(-1, *v_new.shape[-2:]))
-    if not bool(torch.isfinite(o).all()):  # keep a NaN from reaching earlier tokens
+    if not all_finite(o):  # keep a NaN from reaching earlier tokens
         o = q_decayed @ start_states + causal_matmul(aqk, v_new)
     return scale * from_chunks(o, T)
 

@@ -5,7 +5,8 @@ chunk_output, k3c.kernels.delta_chunk in ONNX).
 Between the pieces tensors are in chunk layout [B, H, NC, C, ...] with NC = ceil(T / C)
 computed at run time, so one artifact serves every T. The WY/UT transform
 A = (I + L)^-1 diag(beta) is a recursive block substitution (a Loop over the log2 C
-levels), never a general inverse; pairwise decays exp(G_i - G_j) have exponents <= 0.
+levels), never a general inverse; pairwise decays exp(G_i - G_j) have exponents <= 0 and are
+taken from fp64 cumulative gates, so they stay exact after a strong decay.
 """
 
 from __future__ import annotations
@@ -13,20 +14,47 @@ from __future__ import annotations
 from ..builder import INT64_MAX, Builder, loop_counter, subgraph
 from . import function, op_function
 
-EXP_FLOOR = -30.0  # as k3c.kernels.delta_chunk: exp(max(x, -30)) for log-decays x <= 0
+F32, F64 = 1, 11  # ONNX TensorProto element types
+LOG_FLOOR = -87.0  # as k3c.kernels.delta_chunk: decays floored at e^-87, the bottom of fp32's normal range
 
 
 def decay_exp(b: Builder, x: str) -> str:
-    return b.Exp(b.Max(x, b.const(EXP_FLOOR)))
+    """exp(max(x, LOG_FLOOR)) for a log-decay x <= 0."""
+    return b.Exp(b.Max(x, b.const(LOG_FLOOR)))
 
 
 def masked_decay_exp(b: Builder, visible: str, x: str) -> str:
-    """exp(x) where `visible` (a bool mask broadcast against x), exp(EXP_FLOOR) elsewhere: the
+    """exp(x) where `visible` (a bool mask broadcast against x), exp(LOG_FLOOR) elsewhere: the
     mask as an additive -inf bias on its own small shape, then decay_exp's floor. The same
-    values as a Where(visible, x, EXP_FLOOR) over x's shape, which onnxruntime broadcasts
+    values as a Where(visible, x, LOG_FLOOR) over x's shape, which onnxruntime broadcasts
     slowly (a fifth of a KDA layer's chunk_prepare in its profiler)."""
     bias = b.Where(visible, b.const(0.0), b.const(float("-inf")))
     return decay_exp(b, b.Add(x, bias))
+
+
+def narrow(b: Builder, x64: str) -> str:
+    """A float64 log-decay (a difference of fp64 cumulative gates) as fp32."""
+    return b.Cast(x64, to=F32)
+
+
+def low_part(b: Builder, G64: str, hi: str) -> str:
+    """G - hi in fp32, for hi = max(fp32(G), LOG_FLOOR) (an op between the two Casts, so that
+    onnxruntime does not take the fp64 -> fp32 -> fp64 chain for a no-op); |lo| <= ulp(G) / 2
+    where hi is not floored."""
+    return b.Cast(b.Sub(G64, b.Cast(hi, to=F64)), to=F32)
+
+
+def suffix_decay_exp(b: Builder, g: str, axis: int) -> str:
+    """exp(G_last - G) as exp of the sum of the gates after each row (an exclusive reverse
+    cumsum), never the difference of two cumulative sums."""
+    return decay_exp(b, b.CumSum(g, b.const(axis, "i64"), exclusive=1, reverse=1))
+
+
+def cumulative_gates(b: Builder, g: str, axis: int) -> str:
+    """G = cumsum(g) over the chunk, in fp64. Every decay between two tokens is a difference of
+    these; in fp32, after a strong decay earlier in the chunk (|G| ~ 1e3), that difference
+    cancels to an absolute error of ulp(|G|) (6e-5), while fp64 keeps it exact to fp32."""
+    return b.CumSum(b.Cast(g, to=F64), b.const(axis, "i64"))
 
 
 def to_chunks(b: Builder, x: str, C: str, rank: int) -> str:
@@ -119,33 +147,38 @@ FACTOR_SPAN = 64.0  # largest decay span of a chunk scored as exp(G_i) exp(-G_j)
 
 def _channel_gates(b: Builder, q: str, k: str, g: str, C: str):
     """Per-channel decays exp(G_i - G_j), j <= i, for the scores kk and qk, as an If on the
-    largest decay of any chunk, max(-G_last) (G the gates' cumsum from the chunk's start):
+    largest decay of any chunk, max(-G_last) (G the gates' cumsum from the chunk's start, fp64):
 
     - below FACTOR_SPAN, each score is one matmul of factored decays, (k_i exp(G_i)) .
       (k_j exp(-G_j)): every factor lies in [e^-64, e^64] (no overflow, no subnormals in fp32)
-      and each term of the dot product is the pairwise one to a few ulps;
+      and, with G split into fp32 hi + lo (`low_part`), each is good to an ulp, so each term of
+      the dot product is the pairwise one to a few ulps;
     - above it, `_blocked_channel_scores`, whose exponents are never above 0."""
-    G = b.CumSum(g, b.const(-2, "i64"))  # [B, H, NC, C, K]
-    G_last = _last(b, G, -2)  # [..., 1, K]
-    span = b.ReduceMax(b.Neg(G_last), keepdims=0)  # the strongest decay of a chunk, >= 0
+    G = cumulative_gates(b, g, -2)  # [B, H, NC, C, K] fp64
+    hi = b.Max(narrow(b, G), b.const(LOG_FLOOR))
+    span = b.ReduceMax(b.Neg(_last(b, hi, -2)), keepdims=0)  # the strongest decay of a chunk, >= 0
+    eG = b.Exp(hi)  # exp(G) alone errs by |G| e^G u <= u / e: no low part needed
+    # factored, G >= -64: exp(G_i) exp(-G_j) as exp(hi_i) (1 + lo_i) exp(-hi_j) (1 - lo_j), each
+    # factor good to an ulp; exp(hi_i) exp(-hi_j) alone would err by ulp(64) = 8e-6
     f = Builder("factored")
-    k_t = f.Transpose(f.Mul(k, f.Exp(f.Neg(G))), perm=[0, 1, 2, 4, 3])  # [.., K, C]
-    eG_f = f.Exp(G)
+    lo = low_part(f, G, hi)
+    k_t = f.Transpose(f.Mul(f.Mul(k, f.Exp(f.Neg(hi))), f.Sub(f.const(1.0), lo)), perm=[0, 1, 2, 4, 3])  # [.., K, C]
+    eG_f = f.Mul(eG, f.Add(f.const(1.0), lo))
     kk_f, qk_f = f.MatMul(f.Mul(k, eG_f), k_t), f.MatMul(f.Mul(q, eG_f), k_t)
     factored = subgraph(f, "factored_decay_scores", [], [(kk_f, "f32", 5), (qk_f, "f32", 5)])
     p = Builder("pairwise")
     kk_p, qk_p = _blocked_channel_scores(p, q, k, G, C)
     pairwise = subgraph(p, "pairwise_decay_scores", [], [(kk_p, "f32", 5), (qk_p, "f32", 5)])
     kk, qk = b.op("If", [b.Less(span, b.const(FACTOR_SPAN))], 2, then_branch=factored, else_branch=pairwise)
-    eG = decay_exp(b, G)
-    k_decayed = b.Mul(k, decay_exp(b, b.Sub(G_last, G)))
-    decay_last = b.squeeze(decay_exp(b, G_last), -2)  # [B, H, NC, K]
+    k_decayed = b.Mul(k, suffix_decay_exp(b, g, -2))
+    decay_last = b.squeeze(_last(b, eG, -2), -2)  # [B, H, NC, K]
     return kk, qk, b.Mul(q, eG), b.Mul(k, eG), k_decayed, decay_last
 
 
 def _blocked_channel_scores(b: Builder, q: str, k: str, G: str, C: str):
     """kk and qk with per-channel decays exp(G_i - G_j), j <= i, with no exponent above 0 (no
-    overflow however strong the decay). In blocks of c rows (as the reference's binary split,
+    overflow however strong the decay), each exponent a difference of fp64 cumulative gates G
+    rounded once to fp32 (exact after a strong decay). In blocks of c rows (as the reference's binary split,
     one level): pairs in one block are pairwise (clipped to exponents <= 0 before the exp); a
     pair with j in an earlier block goes through the block's first row r:
     exp(G_i - G_r) exp(G_r - G_j), both factors <= 1, so those scores are matmuls. Memory
@@ -159,18 +192,18 @@ def _blocked_channel_scores(b: Builder, q: str, k: str, G: str, C: str):
     # grows, in floats too); the pairs j > i are clipped to exp(0) = 1, kept finite, and dropped
     # by the Trilus of chunk_prepare, so no mask is needed on the [.., c, c, K] tensors
     diff = b.Sub(b.unsqueeze(Gb, -2), b.unsqueeze(Gb, -3))  # [.., NB, c(i), c(j), K]
-    kj = b.Mul(b.Exp(b.Clip(diff, b.const(EXP_FLOOR), b.const(0.0))), b.unsqueeze(kb, -3))
+    kj = b.Mul(b.Exp(b.Clip(narrow(b, diff), b.const(LOG_FLOOR), b.const(0.0))), b.unsqueeze(kb, -3))
     # both scores as one batched matrix-vector product per row i: kj[i] [c, K] @ [k_i q_i] [K, 2]
     kq = b.Concat(b.unsqueeze(kb, -1), b.unsqueeze(qb, -1), axis=-1)  # [.., NB, c, K, 2]
     kk_in, qk_in = b.Split(b.MatMul(kj, kq), outputs=2, axis=-1, num_outputs=2)  # [.., NB, c, c, 1] each
     kk_in, qk_in = b.squeeze(kk_in, -1), b.squeeze(qk_in, -1)
     # pairs across blocks, through the block's first row r
     G_r = b.Slice(Gb, b.ints([0]), b.ints([1]), b.ints([-2]))  # [.., NB, 1, K]
-    rows = decay_exp(b, b.Sub(Gb, G_r))  # exp(G_i - G_r)
+    rows = decay_exp(b, narrow(b, b.Sub(Gb, G_r)))  # exp(G_i - G_r)
     starts = b.unsqueeze(b.Mul(b.Range(b.const(0, "i64"), b.squeeze(NB, 0), b.const(1, "i64")), b.squeeze(c, 0)), 1)
     cols = b.Range(b.const(0, "i64"), b.squeeze(C, 0), b.const(1, "i64"))
     earlier = b.Less(cols, starts)  # [NB, C]: column j is in a block before the row's
-    to_r = b.Sub(G_r, b.unsqueeze(G, -3))  # G_r - G_j, [.., NB, C, K]
+    to_r = narrow(b, b.Sub(G_r, b.unsqueeze(G, -3)))  # G_r - G_j, [.., NB, C, K]
     k_cols = b.Mul(masked_decay_exp(b, b.unsqueeze(earlier, -1), to_r), b.unsqueeze(k, -3))
     k_cols_t = b.Transpose(k_cols, perm=[0, 1, 2, 3, 5, 4])  # [.., NB, K, C]
     mask = b.unsqueeze(b.Cast(earlier, to=1), 1)  # [NB, 1, C]
@@ -183,17 +216,17 @@ def _blocked_channel_scores(b: Builder, q: str, k: str, G: str, C: str):
 
 
 def _head_gates(b: Builder, q: str, k: str, g: str, C: str):
-    """One decay per head: the pairwise exp(G_i - G_j) is [C, C], scores are matmuls."""
-    G = b.CumSum(g, b.const(-1, "i64"))  # [B, H, NC, C]
-    diff = b.Sub(b.unsqueeze(G, -1), b.unsqueeze(G, -2))
+    """One decay per head: the pairwise exp(G_i - G_j) is [C, C], scores are matmuls; G in fp64
+    as for the channel gates."""
+    G = cumulative_gates(b, g, -1)  # [B, H, NC, C]
+    diff = narrow(b, b.Sub(b.unsqueeze(G, -1), b.unsqueeze(G, -2)))
     decay = masked_decay_exp(b, causal_mask(b, C), diff)
     kt = b.Transpose(k, perm=[0, 1, 2, 4, 3])
     kk = b.Mul(b.MatMul(k, kt), decay)
     qk = b.Mul(b.MatMul(q, kt), decay)
-    eG = b.unsqueeze(decay_exp(b, G), -1)
-    G_last = _last(b, G, -1)  # [B, H, NC, 1]
-    k_decayed = b.Mul(k, b.unsqueeze(decay_exp(b, b.Sub(G_last, G)), -1))
-    return kk, qk, b.Mul(q, eG), b.Mul(k, eG), k_decayed, decay_exp(b, G_last)
+    eG = decay_exp(b, narrow(b, G))  # [B, H, NC, C]; errs by |G| e^G u <= u / e
+    k_decayed = b.Mul(k, b.unsqueeze(suffix_decay_exp(b, g, -1), -1))
+    return kk, qk, b.Mul(q, b.unsqueeze(eG, -1)), b.Mul(k, b.unsqueeze(eG, -1)), k_decayed, _last(b, eG, -1)
 
 
 def _no_gates(b: Builder, q: str, k: str):

@@ -129,3 +129,29 @@ def test_mxfp4_expert_kernels_against_the_naive_decode_and_gemms(N, rows):
     y = _run(tvm_moe_down(E, 32, Dout, k, "llvm", rows, weights="mxfp4"), [a, _mxfp4_panels(p2, s2), idx, cw],
              (N, Dout))
     assert_close(y, moe_down(a, decode(p2, s2), idx, cw), what=f"mxfp4 down N={N}")
+
+
+def test_a_release_precision_artifact_holds_its_weights_as_stored(tmp_path):
+    """K3 as released (BF16, MXFP4 experts; a KDA + dense layer and an MLA + MoE layer): after
+    the load's parameter transform, the VM's parameters hold within 10% of the release bytes.
+    A float32 copy of the BF16 weights (what the transform made before) holds about twice."""
+    import json
+
+    from safetensors.torch import load_file
+    from tvm import relax
+
+    import k3c
+    from k3c import models
+    from k3c.models.weight_bytes import weight_bytes
+
+    model = models.build("k3-tiny", seed=0, dtype=torch.bfloat16, experts="mxfp4", num_layers=2, mla_layers=(2,))
+    out = k3c.compile(model, "tvm", (torch.randint(0, model.config.vocab_size, (1, 8)),), out_dir=tmp_path).out_dir
+    vm = relax.VirtualMachine(tvm.runtime.load_module(str(out / "lib.so")), tvm.cpu())
+    tensors = load_file(str(out / "weights.safetensors"))
+    params = vm["transform_params"]([_tvm(tensors[w]) for w in json.loads((out / "manifest.json").read_text())["weights"]])
+    held = {}
+    for p in params:
+        held[str(p.dtype)] = held.get(str(p.dtype), 0) + p.numel() * tvm.runtime.DataType(str(p.dtype)).bits // 8
+    release = weight_bytes(model)["total"]
+    assert sum(held.values()) <= 1.1 * release, (held, release)
+    assert held.get("float32", 0) < 0.1 * release, held  # the release's few F32 tensors and folded norms

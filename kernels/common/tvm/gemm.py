@@ -32,6 +32,7 @@ from tvm.script import tirx as T
 PANEL = 16  # columns per panel: two AVX2 vectors
 WIDE_PANEL = 32  # two AVX-512 vectors
 GEMV_SPLIT = 4  # accumulator sets of a BF16 GEMV: 4 x 2 vectors in flight
+DECODE_ROWS = 4  # rows a tile of a decode step's batch: 4 x 2 accumulators, each panel row read once
 WEIGHT_DTYPES = ("float32", "bfloat16")
 
 
@@ -54,8 +55,8 @@ def packed_linear(K: int, N: int, rows: int, c: int = PANEL, wdtype: str = "floa
     if rows == 1 and wdtype != "float32" and K >= GEMV_SPLIT:
         return _gemv(K, N, c, wdtype)
     P = T.int64((N + c - 1) // c)
-    Kc, Nc, cc, R_ = T.int64(K), T.int64(N), T.int64(c), T.int64(rows)
-    ragged = N % c != 0
+    Kc, Nc, cc = T.int64(K), T.int64(N), T.int64(c)
+    tiled = _tiled(P, K, N, c, rows, wdtype)
 
     @T.prim_func
     def kernel(x_h: T.handle, w_h: T.handle, y_h: T.handle):
@@ -64,6 +65,18 @@ def packed_linear(K: int, N: int, rows: int, c: int = PANEL, wdtype: str = "floa
         x = T.match_buffer(x_h, (M, Kc), "float32")
         w = T.match_buffer(w_h, (P, Kc, cc), wdtype)
         y = T.match_buffer(y_h, (M, Nc), "float32")
+        tiled(x, w, y, M)
+
+    return kernel
+
+
+def _tiled(P, K: int, N: int, c: int, rows: int, wdtype: str):
+    """The tile loop: `rows` x `c` outputs a task, the k loop broadcasting x into the panel."""
+    Kc, Nc, cc, R_ = T.int64(K), T.int64(N), T.int64(c), T.int64(rows)
+    ragged = N % c != 0
+
+    @T.macro
+    def tiled(x, w, y, M):
         tiles = (M + R_ - T.int64(1)) // R_
         for t in T.parallel(P * tiles):
             acc = T.decl_buffer((R_, cc), "float32", scope="local")
@@ -85,15 +98,18 @@ def packed_linear(K: int, N: int, rows: int, c: int = PANEL, wdtype: str = "floa
                         for j in T.vectorized(cc):
                             y[(t % tiles) * R_ + i, (t // tiles) * cc + j] = acc[i, j]
 
-    return kernel
+    return tiled
 
 
 def _gemv(K: int, N: int, c: int, wdtype: str) -> tirx.PrimFunc:
-    """packed_linear with one row a task and the k loop over GEMV_SPLIT accumulator sets."""
+    """packed_linear of a decode step: one row (M = 1) a task with the k loop over GEMV_SPLIT
+    accumulator sets; a batch (M > 1) in tiles of DECODE_ROWS rows, which share each panel
+    row read (one row a task read the panel and widened it M times)."""
     P = T.int64((N + c - 1) // c)
     Kc, Nc, cc, S = T.int64(K), T.int64(N), T.int64(c), T.int64(GEMV_SPLIT)
     Kmain = T.int64(K - K % GEMV_SPLIT)
     ragged = N % c != 0
+    tiled = _tiled(P, K, N, c, DECODE_ROWS, wdtype)
 
     @T.prim_func
     def kernel(x_h: T.handle, w_h: T.handle, y_h: T.handle):
@@ -102,27 +118,30 @@ def _gemv(K: int, N: int, c: int, wdtype: str) -> tirx.PrimFunc:
         x = T.match_buffer(x_h, (M, Kc), "float32")
         w = T.match_buffer(w_h, (P, Kc, cc), wdtype)
         y = T.match_buffer(y_h, (M, Nc), "float32")
-        for t in T.parallel(P * M):
-            acc = T.decl_buffer((S, cc), "float32", scope="local")
-            for s in T.unroll(S):
-                for j in T.vectorized(cc):
-                    acc[s, j] = T.float32(0)
-            for ko in range(Kmain // S):
+        if M == T.int64(1):
+            for t in T.parallel(P):
+                acc = T.decl_buffer((S, cc), "float32", scope="local")
                 for s in T.unroll(S):
                     for j in T.vectorized(cc):
-                        acc[s, j] = acc[s, j] + x[t % M, ko * S + s] * widen(w[t // M, ko * S + s, j], wdtype)
-            for k in range(Kmain, Kc):
-                for j in T.vectorized(cc):
-                    acc[0, j] = acc[0, j] + x[t % M, k] * widen(w[t // M, k, j], wdtype)
-            for s in T.unroll(T.int64(1), S):
-                for j in T.vectorized(cc):
-                    acc[0, j] = acc[0, j] + acc[s, j]
-            if ragged:
-                for j in T.unroll(cc):
-                    if (t // M) * cc + j < Nc:
-                        y[t % M, (t // M) * cc + j] = acc[0, j]
-            else:
-                for j in T.vectorized(cc):
-                    y[t % M, (t // M) * cc + j] = acc[0, j]
+                        acc[s, j] = T.float32(0)
+                for ko in range(Kmain // S):
+                    for s in T.unroll(S):
+                        for j in T.vectorized(cc):
+                            acc[s, j] = acc[s, j] + x[T.int64(0), ko * S + s] * widen(w[t, ko * S + s, j], wdtype)
+                for k in range(Kmain, Kc):
+                    for j in T.vectorized(cc):
+                        acc[0, j] = acc[0, j] + x[T.int64(0), k] * widen(w[t, k, j], wdtype)
+                for s in T.unroll(T.int64(1), S):
+                    for j in T.vectorized(cc):
+                        acc[0, j] = acc[0, j] + acc[s, j]
+                if ragged:
+                    for j in T.unroll(cc):
+                        if t * cc + j < Nc:
+                            y[T.int64(0), t * cc + j] = acc[0, j]
+                else:
+                    for j in T.vectorized(cc):
+                        y[T.int64(0), t * cc + j] = acc[0, j]
+        else:
+            tiled(x, w, y, M)
 
     return kernel

@@ -90,7 +90,13 @@ class CausalLM(nn.Module):
         return self.step(input_ids, None)[0]
 
     def prefill(self, input_ids: torch.Tensor, lengths: torch.Tensor | None = None, logits: str = "all",
-                max_context: int | None = None) -> tuple[torch.Tensor, State]:
+                max_context: int | None = None, chunk: int | None = None) -> tuple[torch.Tensor, State]:
+        if chunk is not None:  # pieces of `chunk` tokens (models/extend.py): the same result
+            from .extend import check_chunk, prefill_chunked
+
+            if check_chunk(chunk) < input_ids.shape[-1]:
+                check_prefill(self, input_ids, lengths, logits, max_context)
+                return prefill_chunked(self, input_ids, chunk, lengths, logits, max_context)
         # an InputError names a bad id, length or capacity, or a length past the model's bound
         lengths = check_prefill(self, input_ids, lengths, logits, max_context)
         if len(inspect.signature(self.step).parameters) < 3:  # a model of its own: step(input_ids, state)
@@ -104,6 +110,14 @@ class CausalLM(nn.Module):
         if seq.fixed:
             state["positions"] = seq.held(*input_ids.shape, input_ids.device)
         return out, state
+
+    def extend(self, input_ids: torch.Tensor, state: State, lengths: torch.Tensor | None = None,
+               logits: str = "all") -> tuple[torch.Tensor, State]:
+        """Continue `state` with T >= 1 tokens (models/extend.py): chunked prefill, prefix
+        reuse, speculative verify. Decode is extend with T = 1."""
+        from .extend import extend
+
+        return extend(self, input_ids, state, lengths, logits)
 
     def decode(self, input_ids: torch.Tensor, state: State) -> tuple[torch.Tensor, State]:
         check_decode(self, input_ids, state)  # ... or a state entry that is missing, foreign or misshapen

@@ -41,7 +41,7 @@ class Seq:
     def held(self, B: int, T: int, device) -> torch.Tensor:
         """int64 [B]: the tokens each sequence holds once this call is done."""
         if self.positions is not None:
-            return self.positions + T
+            return self.positions + (T if self.lengths is None else self.lengths)
         if self.lengths is not None:
             return self.lengths.clone()
         return torch.full((B,), T, dtype=torch.long, device=device)

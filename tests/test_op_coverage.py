@@ -1,8 +1,9 @@
-"""Every IR op is complete (operands, inference, reference) and every backend either lowers
+"""Every IR op has one signature wherever it is restated, and every backend either lowers
 it or says why not; the support matrix in README.md is the one the code generates."""
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 
 import pytest
@@ -12,17 +13,38 @@ import k3c
 from k3c import backends
 from k3c.backends import coverage
 from k3c.backends.base import check_supported
+from k3c.backends.onnx.functions import FUNCTIONS
 from k3c.compiler import prepare
 from k3c.ir.ops import OPS
+from k3c.ir.ops.torch_ops import torch_ops
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize("op", sorted(OPS))
-def test_op_is_declared_whole(op):
+def test_op_signature_is_one_signature(op):
+    """An op's inputs and attributes are the spec's, in the spec's order, in every form that
+    restates them: the torch op's schema (what models call and torch.export records), the ONNX
+    function of the op's name (its inputs, outputs and its body's parameters)."""
     spec = OPS[op]
-    assert callable(spec.infer) and callable(spec.ref), op
     assert spec.outputs, f"{op} declares no outputs"
+    target = torch_ops().get(op)
+    if target is not None:  # attributes of kind "rows" are the data's row count: not arguments
+        want = [i.rstrip("?") for i in spec.inputs] + [a for a, s in spec.attr_specs.items() if s.kind != "rows"]
+        assert [a.name for a in target._schema.arguments] == want, f"{op}: torch schema vs spec"
+    fd = FUNCTIONS.get(op)
+    if fd is not None:
+        extra = ONNX_EXTRA_INPUTS.get(op, ())
+        assert list(fd.inputs) == list(spec.tensor_inputs) + list(extra), f"{op}: ONNX function inputs vs spec"
+        assert list(fd.outputs) == list(spec.outputs), f"{op}: ONNX function outputs vs spec"
+        params = list(inspect.signature(fd.body).parameters)[1:1 + len(fd.inputs)]
+        assert params == list(fd.inputs), f"{op}: the ONNX body's parameters vs its inputs"
+
+
+# Inputs an ONNX function takes beyond its op's spec, and why.
+ONNX_EXTRA_INPUTS = {
+    "chunk_output": ("length",),  # the true length T, to cut the last chunk's padding
+}
 
 
 def test_every_op_has_a_cell_in_every_column():

@@ -21,8 +21,10 @@ GOLDEN = Path(__file__).parent / "golden"
 def test_k3_tiny_after_default(zoo, entry):
     _, prefill, decode = zoo("k3-tiny")
     graph = prefill if entry == "prefill" else decode
-    text = str(passes.run(graph, "default"))
-    assert ir.parse(text).structurally_equal(ir.parse(text))  # the snapshot reads back
+    after = passes.run(graph, "default")
+    text = str(after)
+    assert ir.parse(text).structurally_equal(after), "the snapshot does not read back as the graph"
+    assert str(ir.parse(text)) == text, "the snapshot does not print back to itself"
     path = GOLDEN / f"k3-tiny.{entry}.k3c"
     if os.environ.get("K3C_UPDATE_GOLDEN") == "1":
         path.parent.mkdir(exist_ok=True)

@@ -162,7 +162,8 @@ def _format_estimate(e: dict) -> list[str]:
     lines = [f"  on {e['device']}: {_gb(mem['usable_bytes'])} usable a GPU ({e['headroom']:.0%} left for "
              f"activations and runtime): {verdict}; at most {e['max_concurrency']} sequences at this context",
              f"  decode step (slowest stage): reads {_gb(st['bytes'])} ({st['experts_touched']:.1%} of the routed "
-             f"experts), {st['flops'] / 1e12:.2f} + {st['expert_flops'] / 1e12:.2f} (experts) TFLOP, sends "
+             f"experts: 1 - (1 - {st['top_k']}/{st['experts']})^{st['moe_tokens']}), "
+             f"{st['flops'] / 1e12:.2f} + {st['expert_flops'] / 1e12:.2f} (experts) TFLOP, sends "
              f"{st['sent_bytes'] / 1e6:.1f} MB: HBM {st['hbm_s'] * 1e3:.2f} ms, "
              f"compute {st['compute_s'] * 1e3:.2f} ms, link {st['link_s'] * 1e3:.2f} ms",
              f"  roofline (an upper bound): decode {e['decode_tokens_per_s_per_gpu']:.1f} tokens/s per GPU, "

@@ -180,7 +180,8 @@ def stage_time(p: Profile, mesh: DeployMesh, dev: Device, stage: int, seqs: int,
     hbm, compute = nbytes / dev.hbm_bytes_per_s, flops / dev.bf16_flops + fexp / dev.expert_flops
     link = sent / dev.send_bytes_per_s
     return {"bytes": nbytes, "flops": flops, "expert_flops": fexp, "sent_bytes": sent,
-            "experts_touched": share, "hbm_s": hbm, "compute_s": compute, "link_s": link,
+            "experts_touched": share, "moe_tokens": mesh.dp * n, "top_k": p.config.top_k,
+            "experts": p.config.num_experts, "hbm_s": hbm, "compute_s": compute, "link_s": link,
             "bound": "hbm" if hbm >= compute else "compute", "seconds": max(hbm, compute) + link}
 
 

@@ -103,6 +103,10 @@ def test_pipeline_and_dp_arithmetic():
     mem = memory(p, DeployMesh(dp=2, ep=2), dev, 4, 64)
     assert mem["stages"][0]["weight_bytes"] == pytest.approx(2e9 + 1e8 + 4e9 + 1e6 + 2e8)
     assert mem["stages"][0]["state_bytes"] == 2 * 2e6  # 2 of the 4 sequences, both layers' S
+    # a dp copy's token sends its slots bound for the other rank (2 picks, half away: one slot of
+    # width 8 x 2 B), its expert id (8 B) and takes the output back: 40 B a MoE layer, 2 layers
+    sent = comm_per_token(p, DeployMesh(dp=2, ep=2), 0)
+    assert set(sent) == {"all_to_all"} and sent["all_to_all"]["bytes"] == pytest.approx(2 * 40, rel=1e-3)
     assert DeployMesh(dp=2, ep=2).world == 2 and DeployMesh(tp=2, ep=4).world == 8
     assert DeployMesh(dp=8, ep=2, pp=2).world == 16 and DeployMesh(dp=2, pp=2).plan_only
 

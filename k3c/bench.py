@@ -175,26 +175,28 @@ class BenchReport:
 def bench(model: torch.nn.Module, backends: list[str], *, seq_len: int = 1024, decode_steps: int = 64,
           batch: int = 1, warmup: int = 1, repeats: int = 3, torch_compile: bool = True,
           passes: str | list[str] = "default", out_root: str | Path | None = None,
-          progress: bool = True, keep: bool = False, force: bool = False) -> BenchReport:
+          progress: bool = True, keep: bool = False, force: bool = False,
+          compute: str | None = None) -> BenchReport:
     """Time eager, torch.compile and each backend (NAME or onnx:FLAVOUR). Without `out_root` the
-    artifacts go to a temporary folder that is removed at the end unless `keep`."""
+    artifacts go to a temporary folder that is removed at the end unless `keep`. `compute`: the
+    backends' compute policy for a BF16 model (k3c.compile's; None: each backend's own)."""
     temporary = out_root is None
     root = Path(tempfile.mkdtemp(prefix="k3c-bench-")) if temporary else Path(out_root)
     try:
         return _bench(model, backends, seq_len, decode_steps, batch, warmup, repeats, torch_compile, passes, root,
-                      progress, force)
+                      progress, force, compute)
     finally:
         if temporary and not keep:
             shutil.rmtree(root, ignore_errors=True)
 
 
 def _bench(model, backends, seq_len, decode_steps, batch, warmup, repeats, torch_compile, passes, out_root: Path,
-           progress: bool, force: bool) -> BenchReport:
+           progress: bool, force: bool, compute: str | None = None) -> BenchReport:
     name = getattr(model, "name", type(model).__name__)
     ids = seeded_ids(model.config.vocab_size, batch, seq_len + decode_steps)
     prompt, steps = ids[:, :seq_len], [ids[:, seq_len + i: seq_len + i + 1] for i in range(decode_steps)]
     report = BenchReport(name, {"batch": batch, "prefill_len": seq_len, "decode_steps": decode_steps,
-                                "warmup": warmup, "repeats": repeats}, machine())
+                                "warmup": warmup, "repeats": repeats, "compute": compute}, machine())
     bar = Progress(2 + int(torch_compile) + 2 * len(backends)) if progress else None
     tick = bar.step if bar else (lambda what: None)
 
@@ -242,7 +244,7 @@ def _bench(model, backends, seq_len, decode_steps, batch, warmup, repeats, torch
         try:
             be = backend_for(be_name)
             t0 = time.perf_counter()
-            graphs = prepare(captured, be, passes)  # the pipeline as this backend runs it
+            graphs = prepare(captured, be, passes, None, compute)  # the pipeline as this backend runs it
             out = out_root / be_name.replace(":", "-")
             artifact.write(be, graphs, out, force=force)
             runner = be.load(out)

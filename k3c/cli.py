@@ -54,6 +54,8 @@ def _precision_args(s: argparse.ArgumentParser) -> None:
     s.add_argument("--dtype", choices=["f32", "bf16"], help="weights in this dtype, the F32 tensors of the "
                    "release kept (default f32); the CPU backends compute a bf16 model in float32")
     s.add_argument("--experts", choices=["mxfp4"], help="routed experts stored as MXFP4, as K3 is released")
+    s.add_argument("--compute", choices=["f32", "bf16"], help="compute policy of a bf16 model: f32 (default: "
+                   "float32 from the stored weights) or bf16 (GEMM operands rounded to bf16, float32 accumulation)")
 
 
 def _capture_for_cli(args: argparse.Namespace):
@@ -114,8 +116,10 @@ def _cmd_diff(args: argparse.Namespace) -> int:
     report = diff(model, specs, seq_len=args.seq_len, batch=args.batch,
                   decode_steps=args.decode_steps, passes=args.pipeline, out_root=args.out,
                   bisect=not args.no_bisect, progress=lambda m: print(m, file=sys.stderr), stress=args.stress,
-                  keep=args.keep, force=args.force)
+                  keep=args.keep, force=args.force, compute=args.compute)
     print(report.table(per_tensor=args.verbose))
+    if report.policy is not None:
+        print(report.policy.table())
     for b in report.backends.values():
         if b.first_bad_node and b.first_bad_node.get("how"):
             print(f"{b.backend}: first bad node found as the {b.first_bad_node['how']}", file=sys.stderr)
@@ -137,7 +141,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     report = bench(model, specs, seq_len=args.seq_len, decode_steps=args.decode_steps,
                    batch=args.batch, warmup=args.warmup, repeats=args.repeats,
                    torch_compile=not args.no_torch_compile, passes=args.pipeline, out_root=args.out,
-                   keep=args.keep, force=args.force)
+                   keep=args.keep, force=args.force, compute=args.compute)
     m = report.machine
     print(f"{report.model} on {m['processor']} ({m['cpus']} CPUs, torch {m['torch']}, {m['torch_threads']} threads)")
     print(report.table())
@@ -157,7 +161,8 @@ def _cmd_compile_all(args: argparse.Namespace) -> int:
     names = _backend_list(args, args.backend, "--backend")
     model = _build(models, args)
     report = diff(model, names, seq_len=args.seq_len or 130, decode_steps=4, passes=args.pipeline,
-                  out_root=args.out, progress=lambda m: print(m, file=sys.stderr), force=args.force)
+                  out_root=args.out, progress=lambda m: print(m, file=sys.stderr), force=args.force,
+                  compute=args.compute)
     rows = [("backend", "artifact", "compile s", "max_abs_err", "rel_rms_err", "ok", "warm prefill vs eager")]
     for b in report.backends.values():
         speed = f"{report.eager_prefill_seconds / b.prefill_seconds:.2f}x" if b.prefill_seconds else "-"
@@ -206,7 +211,7 @@ def _cmd_compile(args: argparse.Namespace) -> int:
         compiled = k3c_compile(model, name, example or (_example_ids(model),), out_dir=args.out, **extra,
                                passes=args.pipeline, verbose=True, force=args.force,
                                pass_options={"verify_each": args.verify, "dump_after": args.dump_after},
-                               max_context=args.max_context, cache=args.cache, **options)
+                               max_context=args.max_context, cache=args.cache, compute=args.compute, **options)
     except RuntimeError as e:
         from .backends.triton.aot import AotError
 

@@ -29,8 +29,8 @@ from .backends import artifact
 from .bisect import first_divergent_node, first_divergent_prefix  # noqa: F401  (public names)
 from .compiler import capture_entries, prepare, rebind_weights
 from .errors import UsageError
-from .models.precision import fp32_copy, low_precision
-from .numerics import Tolerance, compare, model_tolerance, rel_rms_err
+from .models.precision import bf16_policy, fp32_copy, low_precision
+from .numerics import BF16_COMPUTE, Tolerance, compare, model_tolerance, rel_rms_err
 from .resources import check_fits
 
 
@@ -57,6 +57,7 @@ class BackendDiff:
     artifact: str = ""
     first_bad_node: dict | None = None
     error: str | None = None
+    routing: dict | None = None  # compute="bf16": the backend's routing against the eager policy's
 
     def add(self, name: str, actual: torch.Tensor, expected: torch.Tensor, tol: Tolerance | None = None,
             noise: float = 0.0) -> None:
@@ -86,6 +87,7 @@ class DiffReport:
     eager_prefill_seconds: float = 0.0
     stress: str | None = None
     compute: str | None = None  # "f32": the backends computed a BF16 model in float32 (see diff)
+    policy: object = None  # compute="bf16": the policy against fp32 compute (k3c.precision_check.PolicyReport)
 
     @property
     def ok(self) -> bool:
@@ -93,7 +95,7 @@ class DiffReport:
 
     def to_json(self) -> dict:
         return {"model": self.model, "shapes": self.shapes, "stress": self.stress, "compute": self.compute,
-                "ok": self.ok,
+                "ok": self.ok, "policy": self.policy.to_json() if self.policy is not None else None,
                 "backends": {k: asdict(v) for k, v in self.backends.items()}}
 
     def table(self, per_tensor: bool = False) -> str:
@@ -106,6 +108,11 @@ class DiffReport:
                 bad = f"%{b.first_bad_node['value']} = {b.first_bad_node['op']} at {b.first_bad_node['loc']}"
             rows.append((b.backend, "yes" if b.ok else "NO", f"{b.max_abs_err:.2e}", f"{b.rel_rms_err:.2e}",
                          f"{b.worst_margin:.2f}" if b.tensors else "", f"{b.compile_seconds:.1f}", bad))
+            if b.routing:
+                r = b.routing
+                rows.append(("  routing", "yes" if r["ok"] else "NO", f"{r['agreeing']}/{r['slots']} slots agree",
+                             "", "", "", f"{len(r['gaps_ulps'])} tokens differ; the eager gap there "
+                             f"at most {max(r['gaps_ulps'], default=0):.2g} BF16 ulps"))
             if per_tensor:
                 rows.extend(("  " + t.name, "yes" if t.ok else "NO", f"{t.max_abs_err:.2e}", f"{t.rel_rms_err:.2e}",
                              f"{t.rel_rms_err / t.tol_rel_rms:.2f}" if t.tol_rel_rms else "", "", "")
@@ -172,12 +179,35 @@ def _eager(model, ids, seq_len: int, decode_steps: int) -> _Eager:
     return _Eager((logits, state), steps, final, tol, noise)
 
 
+def _policy_eager(policy, ids, seq_len: int, decode_steps: int, taken: list[torch.Tensor]) -> tuple[_Eager, dict]:
+    """The eager BF16 policy (models.precision.bf16_policy) on the routing a backend took, and
+    that routing against the policy's own. Why on the backend's routing: BF16 rounding turns
+    float32 differences into BF16-sized ones at the elements next to a rounding boundary, and
+    random-weight routers have near ties (see k3c.numerics.BF16_COMPUTE); on one routing, the
+    two evaluations differ by rounding alone."""
+    from .precision_check import instrumented, routing_check
+
+    with instrumented(policy, list(taken)) as own:
+        (logits, state), steps, final = _run_eager(policy, ids, seq_len, decode_steps)
+    names = ["prefill/logits", *(f"prefill/{k}" for k in state), *(f"decode{i}/logits" for i in range(decode_steps)),
+             *(f"final/{k}" for k in final)]
+    return (_Eager((logits, state), steps, final, dict.fromkeys(names, BF16_COMPUTE), dict.fromkeys(names, 0.0)),
+            routing_check(own, taken))
+
+
+def _pop_routing(state: dict) -> list[torch.Tensor]:
+    from .precision_check import ROUTING
+
+    keys = sorted((k for k in state if k.startswith(ROUTING)), key=lambda k: int(k[len(ROUTING):]))
+    return [state.pop(k) for k in keys]
+
+
 @torch.no_grad()
 def diff(model: torch.nn.Module, backends: list[str], *, seq_len: int = 130, batch: int = 2,
          decode_steps: int = 8, capture_len: int = 16, passes: str | list[str] = "default", seed: int = 0,
          out_root: str | Path | None = None, bisect: bool = True, progress=None, stress: str | None = None,
          keep: bool = False, force: bool = False, captured: dict | None = None,
-         timing: bool = True, compute: str | None = None) -> DiffReport:
+         timing: bool = True, compute: str | None = None, greedy_tokens: int = 128) -> DiffReport:
     """Compare each backend with eager `model` on prefill(seq_len) and `decode_steps` decode steps.
 
     `stress` runs it at the weights of a k3c.stress edit. Without `out_root` the artifacts go
@@ -188,7 +218,13 @@ def diff(model: torch.nn.Module, backends: list[str], *, seq_len: int = 130, bat
     `compute` "f32" (the default for a model with BF16 weights): every backend computes in
     float32 from the stored weights, and is compared with the model in float32 on the same
     weights (BF16 widened, MXFP4 decoded: models.precision.fp32_copy). A BF16 computation of
-    a MoE model is no yardstick: one routing flip moves a token's logits by O(1)."""
+    a MoE model is no yardstick: one routing flip moves a token's logits by O(1).
+
+    `compute` "bf16": every backend computes under the BF16 policy (k3c.compile's compute=)
+    and returns its routing; it is compared at the BF16_COMPUTE row with the eager policy
+    (models.precision.bf16_policy) run on that routing, and each routing decision it took that
+    the eager policy did not must be a near tie there. `report.policy` measures the policy
+    against fp32 compute (k3c.precision_check), with `greedy_tokens` of greedy generation."""
     if not backends:
         raise UsageError("no backend to compare")
     if decode_steps < 0 or seq_len < 1 or batch < 1:
@@ -210,8 +246,19 @@ def diff(model: torch.nn.Module, backends: list[str], *, seq_len: int = 130, bat
     captured = rebind_weights(captured, model)
     if compute is None and low_precision(model):
         compute = "f32"
-    yardstick = fp32_copy(model) if compute == "f32" else model
-    ref = _eager(yardstick, ids, seq_len, decode_steps)
+    if compute == "bf16":
+        if not low_precision(model):
+            raise UsageError(f"--compute bf16 rounds the GEMM operands a model holds in BF16, and {name} holds "
+                             "none: build it in its release precision (--dtype bf16)")
+        say("measuring the BF16 policy against fp32 compute")
+        from .precision_check import compare_policies
+
+        yardstick = bf16_policy(model)
+        policy = compare_policies(model, ids[:, :seq_len], greedy_tokens, policy=yardstick)
+        ref = yardstick  # the eager policy runs on each backend's routing (_policy_eager)
+    else:
+        yardstick = fp32_copy(model) if compute == "f32" else model
+        ref = _eager(yardstick, ids, seq_len, decode_steps)
     t0 = time.perf_counter()  # the speed column compares warm runs: a second prefill
     if timing:
         model.prefill(ids[:, :seq_len])
@@ -220,6 +267,7 @@ def diff(model: torch.nn.Module, backends: list[str], *, seq_len: int = 130, bat
     root = Path(tempfile.mkdtemp(prefix="k3c-diff-")) if temporary else Path(out_root)
     report = DiffReport(name, {"batch": batch, "prefill_len": seq_len, "decode_steps": decode_steps,
                                "capture_len": capture_len}, {}, eager_s, stress, compute)
+    report.policy = policy if compute == "bf16" else None
     try:
         for spec in backends:
             say(f"{spec}: lowering and running")
@@ -234,12 +282,16 @@ def diff(model: torch.nn.Module, backends: list[str], *, seq_len: int = 130, bat
     return report
 
 
-def _diff_backend(spec: str, captured, passes, ids, seq_len: int, decode_steps: int, ref: _Eager, out_dir: Path,
+def _diff_backend(spec: str, captured, passes, ids, seq_len: int, decode_steps: int, ref, out_dir: Path,
                   bisect: bool, force: bool, keep: bool, timing: bool, say, compute: str | None) -> BackendDiff:
     d = BackendDiff(spec, artifact=str(out_dir))
     try:
-        be = backend_for(spec, compute)
-        graphs = prepare(captured, be, passes)  # the pipeline as this backend runs it, legalized
+        be = backend_for(spec)
+        graphs = prepare(captured, be, passes, None, compute)  # the pipeline as this backend runs it, legalized
+        if compute == "bf16":
+            from .precision_check import with_routing_outputs
+
+            with_routing_outputs(graphs)
         t0 = time.perf_counter()
         artifact.write(be, graphs, out_dir, force=force)
         runner = be.load(out_dir)
@@ -255,23 +307,31 @@ def _diff_backend(spec: str, captured, passes, ids, seq_len: int, decode_steps: 
         d.error = f"{type(e).__name__}: {e}"
         return d
     names = [k for k, _ in graphs["prefill"].outputs]
-    d.add("prefill/logits", outs[0], ref.prefill[0], ref.tol["prefill/logits"], ref.noise["prefill/logits"])
-    state = dict(zip(names[1:], outs[1:]))
-    for k, v in state.items():
-        d.add(f"prefill/{k}", v, ref.prefill[1][k], ref.tol[f"prefill/{k}"], ref.noise[f"prefill/{k}"])
-    dec = graphs["decode"]
+    logits, state = outs[0], dict(zip(names[1:], outs[1:]))
+    taken = _pop_routing(state)  # compute="bf16": the routing the backend took
+    prefill_state, steps, dec = dict(state), [], graphs["decode"]
     try:
         for i in range(decode_steps):
             outs = runner.run("decode", ids[:, seq_len + i: seq_len + i + 1], *[state[k] for k in dec.inputs[1:]])
-            d.add(f"decode{i}/logits", outs[0], ref.steps[i], ref.tol[f"decode{i}/logits"],
-                  ref.noise[f"decode{i}/logits"])
+            steps.append(outs[0])
             state = dict(zip([k for k, _ in dec.outputs[1:]], outs[1:]))
+            taken += _pop_routing(state)
     except Exception as e:
         d.error = f"decode: {type(e).__name__}: {e}"
+    if compute == "bf16":
+        if d.error:
+            return d
+        ref, d.routing = _policy_eager(ref, ids, seq_len, decode_steps, taken)
+    d.add("prefill/logits", logits, ref.prefill[0], ref.tol["prefill/logits"], ref.noise["prefill/logits"])
+    for k, v in prefill_state.items():
+        d.add(f"prefill/{k}", v, ref.prefill[1][k], ref.tol[f"prefill/{k}"], ref.noise[f"prefill/{k}"])
+    if d.error:
         return d
+    for i, lg in enumerate(steps):
+        d.add(f"decode{i}/logits", lg, ref.steps[i], ref.tol[f"decode{i}/logits"], ref.noise[f"decode{i}/logits"])
     for k, v in state.items():
         d.add(f"final/{k}", v, ref.final[k], ref.tol[f"final/{k}"], ref.noise[f"final/{k}"])
-    d.ok = all(t.ok for t in d.tensors)
+    d.ok = all(t.ok for t in d.tensors) and (d.routing is None or d.routing["ok"])
     if not d.ok and bisect:
         say(f"{spec}: off; looking for the first node that is off on correct inputs")
         work = Path(tempfile.mkdtemp(prefix=f"k3c-bisect-{out_dir.name}-"))

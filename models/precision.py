@@ -6,12 +6,15 @@ The K3 release (K3-SPEC.md section 8.1) stores BF16 weights except a few tensors
 is BF16 with F32 `A_log` and `dt_bias`. `to_release_dtypes` gives a model its family's
 policy in any floating dtype; `release_precision` says how each family was released;
 `quantize_experts` turns dense routed experts into MXFP4 ones (`kernels/mxfp4.encode`),
-`dequantize_experts` back.
+`dequantize_experts` back. `bf16_policy` is the eager definition of the BF16 compute policy
+(`k3c.compile(..., compute="bf16")`), written apart from the compiler's pass so each checks
+the other.
 """
 
 from __future__ import annotations
 
 import re
+import types
 from collections import Counter
 
 import torch
@@ -124,6 +127,59 @@ def fp32_copy(model: nn.Module) -> nn.Module:
     return out
 
 
+def round_bf16(x: torch.Tensor) -> torch.Tensor:
+    """x rounded to BF16 (to nearest, ties to even) and held in its own dtype again."""
+    return x.to(torch.bfloat16).to(x.dtype)
+
+
+def _round_input(module: nn.Module, args: tuple) -> tuple:
+    return (round_bf16(args[0]), *args[1:])
+
+
+def _routed_bf16(self: MoE, h: torch.Tensor, idx: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return MoE.routed(self, round_bf16(h), idx, w)
+
+
+def bf16_gemm_inputs(model: nn.Module) -> list[str]:
+    """The GEMMs `model` (held in BF16) runs on BF16 operands, by module name: every nn.Linear
+    whose weight is BF16 (F.linear needs its operands in one dtype, so its input is BF16 too),
+    and the routed experts (`NAME.experts`) of an MoE whose input to them is BF16. The router
+    is not one: the model computes its logits from float32 operands (models/moe_layer.py)."""
+    out = []
+    for name, m in model.named_modules():
+        if isinstance(m, nn.Linear) and m.weight.dtype == torch.bfloat16:
+            out.append(name)
+        elif isinstance(m, MoE):
+            feeds = m.routed_expert_down_proj.weight if hasattr(m, "routed_expert_down_proj") else m.gate.weight
+            if feeds.dtype == torch.bfloat16:  # the experts read the latent projection's output, or x itself
+                out.append(f"{name}.experts")
+    return out
+
+
+def bf16_policy(model: nn.Module, dtype: torch.dtype = torch.float32) -> nn.Module:
+    """The BF16 compute policy in eager PyTorch: `model` (held in BF16) on its own weights in
+    `dtype` (fp32_copy: BF16 widened, MXFP4 decoded), with the input of every GEMM it runs on
+    BF16 operands (`bf16_gemm_inputs`) rounded to BF16; accumulation, outputs and everything
+    else in `dtype` (norms, the router and top-k, the recurrences and attention, the residual
+    sum). The routed experts' hidden (the activation between an expert's two GEMMs) stays in
+    `dtype`, as the fused expert op holds it (passes/compute_dtype.py says why).
+
+    `dtype=torch.float64` is the policy's exact evaluation: the same roundings to BF16, the
+    rest in float64; what the float32 one is measured against (k3c.numerics.BF16_COMPUTE)."""
+    if not low_precision(model):
+        raise ValueError(f"{getattr(model, 'name', type(model).__name__)} holds no BF16 weights: "
+                         "the BF16 compute policy has nothing to round")
+    names = set(bf16_gemm_inputs(model))
+    out = fp32_copy(model).to(dtype)
+    for name, m in out.named_modules():
+        if isinstance(m, nn.Linear) and name in names:
+            m.register_forward_pre_hook(_round_input)
+        elif isinstance(m, MoE) and f"{name}.experts" in names:
+            m.routed = types.MethodType(_routed_bf16, m)  # a bound method: deepcopy rebinds it
+    out.compute_policy = "bf16"
+    return out
+
+
 def unique_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
     """The state dict with tied tensors once (GPT-2's lm_head is its embedding)."""
     seen: set[int] = set()
@@ -144,4 +200,5 @@ def bytes_by_dtype(tensors: dict[str, torch.Tensor]) -> dict[str, int]:
 
 
 __all__ = ["K3_F32", "KIMI_LINEAR_F32", "f32_tensors", "release_precision", "as_dtype", "to_release_dtypes",
-           "quantize_experts", "dequantize_experts", "unique_tensors", "bytes_by_dtype", "moe_blocks"]
+           "quantize_experts", "dequantize_experts", "unique_tensors", "round_bf16",
+           "bf16_gemm_inputs", "bf16_policy", "bytes_by_dtype", "moe_blocks"]

@@ -61,7 +61,10 @@ class TritonBackend:
     kernels do), "f32": in float32 from its stored weights. `target` None: the kernels
     compile when they first run (on the GPU, or the interpreter); "sm_80", "sm_90", "sm_100":
     `lower` also compiles every kernel ahead of time for that GPU (aot.py, at prefill length
-    `seq_len` and `batch`, on `jobs` processes) and keeps the report in `aot_report`."""
+    `seq_len` and `batch`, on `jobs` processes) and keeps the report in `aot_report`. The
+    target is decided here once: on sm_100 the module's MXFP4 experts call the block-scaled
+    kernels (kernels/moe/triton/mxfp4_scaled.py: MXFP8 activations), elsewhere the kernels that
+    decode the codes in registers."""
 
     name = "triton"
 
@@ -96,7 +99,7 @@ class TritonBackend:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         title = next(iter(graphs.values())).meta.get("model") or next(iter(graphs.values())).name
-        (out / MODULE_FILE).write_text(generate_module(graphs, str(title)))
+        (out / MODULE_FILE).write_text(generate_module(graphs, str(title), self.target))
         weights: dict[str, torch.Tensor] = {}
         for entry, g in graphs.items():
             for name, t in g.weights.items():

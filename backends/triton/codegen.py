@@ -51,8 +51,9 @@ import triton.language as tl
 class ModuleWriter:
     """Collects the entries, the templates they use and the generated kernels."""
 
-    def __init__(self, title: str, reserved: frozenset[str] = frozenset()):
+    def __init__(self, title: str, reserved: frozenset[str] = frozenset(), target: str | None = None):
         self.title, self.reserved = title, reserved  # names no value may take (besides RESERVED)
+        self.target = target  # the GPU the module is compiled for ("sm_100"), None: any
         self.imports: dict[str, set[str]] = {}
         self.kernels: dict[str, tuple[str, bool]] = {}  # text with a placeholder name -> (name, broadcast)
         self.kernel_texts: list[str] = []
@@ -162,6 +163,14 @@ class EntryWriter:
 
     def torch_dtype(self, name: str) -> str:
         return TORCH_DTYPES[name]
+
+    @property
+    def block_scaled(self) -> bool:
+        """Whether the module's target multiplies MX operands with their scales in the MMA
+        (sm_100's tcgen05 block-scaled MMA): the lowerings of MXFP4 ops choose their kernels by it."""
+        from .aot import TARGETS
+
+        return self.module.target is not None and TARGETS[self.module.target].block_scaled
 
     # ---- the function -----------------------------------------------------------------
     def function(self) -> str:
@@ -273,14 +282,15 @@ def _factor(e: sympy.Expr) -> str:
     return f"({s})" if isinstance(e, sympy.Add) else s
 
 
-def generate_module(graphs: dict[str, Graph], title: str) -> str:
-    """The module source for `graphs` ({"prefill": g, "decode": g} or {"forward": g}).
+def generate_module(graphs: dict[str, Graph], title: str, target: str | None = None) -> str:
+    """The module source for `graphs` ({"prefill": g, "decode": g} or {"forward": g}), for the
+    GPU `target` when given (aot.TARGETS: it picks the kernels of the MXFP4 experts).
 
     The names the lowerings import are known only once they have run: a value that took one
     of them is renamed by a second pass with those names reserved."""
     reserved: frozenset[str] = frozenset()
     while True:
-        writer = ModuleWriter(title, reserved)
+        writer = ModuleWriter(title, reserved, target)
         for entry, g in graphs.items():
             writer.add_entry(entry, g)
         imported = frozenset(n.split(" as ")[-1] for names in writer.imports.values() for n in names)

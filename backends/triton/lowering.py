@@ -102,6 +102,15 @@ def _gated_mlp(cg, n: Node) -> str:
             f"{cg.attr(n, 'linear_beta')})  # the gate/up GEMM with its activation epilogue")
 
 
+def _mxfp4_experts(fn: str, attrs: tuple[str, ...] = ()) -> Callable:
+    """An MXFP4 expert op: the kernels that decode the codes in registers (kernels/moe/triton/
+    mxfp4.py), or, for a target whose MMA multiplies MX operands with their scales (sm_100),
+    the block-scaled ones (mxfp4_scaled.py), which round the activations to MXFP8."""
+    def lower(cg, n: Node) -> str:
+        return _call(fn + "_scaled" if cg.block_scaled else fn, "k3c.kernels.moe.triton", attrs=attrs)(cg, n)
+    return lower
+
+
 def _chunk_prepare(cg, n: Node) -> str:
     fn = cg.use(KDA, "chunk_prepare")
     args = [cg.val(i) for i in n.inputs] + ["None"] * (5 - len(n.inputs))
@@ -167,10 +176,10 @@ _RULES: dict[str, Callable] = {
     "moe_gate_up": _call("moe_gate_up", "k3c.kernels.moe.triton"),
     "moe_down": _call("moe_down", "k3c.kernels.moe.triton"),
     "moe_experts": _call("moe_experts", "k3c.kernels.moe.triton", attrs=("act", "beta", "linear_beta")),
-    # MXFP4 experts: the kernels decode the codes in registers (kernels/moe/triton/mxfp4.py)
-    "moe_gate_up_mxfp4": _call("moe_gate_up_mxfp4", "k3c.kernels.moe.triton"),
-    "moe_down_mxfp4": _call("moe_down_mxfp4", "k3c.kernels.moe.triton"),
-    "moe_experts_mxfp4": _call("moe_experts_mxfp4", "k3c.kernels.moe.triton", attrs=("act", "beta", "linear_beta")),
+    # MXFP4 experts: decoded in registers, or on sm_100's block-scaled MMA (_mxfp4_experts)
+    "moe_gate_up_mxfp4": _mxfp4_experts("moe_gate_up_mxfp4"),
+    "moe_down_mxfp4": _mxfp4_experts("moe_down_mxfp4"),
+    "moe_experts_mxfp4": _mxfp4_experts("moe_experts_mxfp4", attrs=("act", "beta", "linear_beta")),
 }
 
 # Ops whose statement calls a Triton kernel template (the rest call torch or join a fused group).

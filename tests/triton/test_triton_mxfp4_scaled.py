@@ -8,7 +8,9 @@ arithmetic). Under the interpreter, which has no `tl.dot_scaled`, the kernels mu
 decoded operands with `tl.dot` (exact there): the quantizer, the loads of the stored layout,
 the masks and epilogues are the ones the GPU runs. Then the kernels compiled ahead of time for
 sm_100 (a subprocess with TRITON_INTERPRET=0, on meta tensors): every dot is the block-scaled
-`tcgen05.mma ... block_scale`, with no spills, at a decode step's and a prefill's blocks.
+`tcgen05.mma ... block_scale`, with no spills, at a decode step's and a prefill's blocks. Last,
+the backend's choice: a module written for sm_100 calls these kernels (and runs), one for
+sm_90 or for no target the kernels that decode in registers.
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ import torch
 from mxfp4_reference import reference_decode
 from triton_inputs import DEVICE, gen
 
+from k3c import ir
+from k3c.backends.triton import generate_module
+from k3c.backends.triton.backend import _import
 from k3c.kernels.moe.naive import moe_down as down_ref
 from k3c.kernels.moe.naive import moe_gate_up as gate_up_ref
 from k3c.kernels.moe.triton import moe_down_mxfp4_scaled as down_scaled
@@ -194,3 +199,42 @@ def test_the_expert_gemms_take_the_block_scaled_mma_on_sm100_without_spills(aot_
             assert row["tensor_cores"] == "tcgen05.block_scale", f"{what}: {row['tensor_cores']}"
             assert all("block_scale" in m for m in row["mma"]), f"{what}: {row['mma']}"
     assert {row["constexprs"]["BM"] for row in aot_rows if "BM" in row["constexprs"]} == {16, 64}
+
+
+EXPERTS_GRAPH = """
+graph experts {
+  dim N in [1, inf]
+  input %h: f32[N, 64]
+  input %idx: i64[N, 2]
+  input %w: f32[N, 2]
+  weight %w13p: u8[4, 64, 32]
+  weight %w13s: u8[4, 64, 2]
+  weight %w2p: u8[4, 32, 16]
+  weight %w2s: u8[4, 32, 1]
+  %y: f32[N, 32] = moe_experts_mxfp4(%h, %w13p, %w13s, %w2p, %w2s, %idx, %w) {act="situ", beta=4.0, linear_beta=3.0}
+  output y = %y
+}
+"""
+
+
+def test_the_target_picks_the_kernels_once_when_the_module_is_written(tmp_path):
+    """sm_100's module calls the block-scaled kernels (and runs: here under the interpreter),
+    sm_90's and a module for no target the ones that decode in registers."""
+    g = ir.parse(EXPERTS_GRAPH)
+    p13, s13 = packed_experts(64, 64, seed=8)
+    p2, s2 = packed_experts(32, 32, seed=9)
+    g.weights.update(w13p=p13, w13s=s13, w2p=p2, w2s=s2)
+    for target in (None, "sm_90"):
+        source = generate_module({"forward": ir.verify(g)}, "t", target)
+        assert "moe_experts_mxfp4(h, " in source and "_scaled" not in source, target
+    source = generate_module({"forward": g}, "t", "sm_100")
+    assert "moe_experts_mxfp4_scaled(h, " in source
+    (tmp_path / "m.py").write_text(source)
+    h = 0.05 * torch.randn(TOKENS, 64, generator=gen(10))
+    idx, w = routing(3)
+    got = _import(tmp_path / "m.py").forward("forward", on_device(h, idx, w), dict(zip(g.weights, on_device(
+        *g.weights.values()))))[0]
+    gu = gate_up_ref(mxfp8_qdq(h), numpy_decode(p13, s13), idx)
+    a = activation(gu[..., :32], gu[..., 32:], "situ", 4.0, 3.0)
+    want = down_ref(mxfp8_qdq(a.reshape(-1, 32)).reshape(a.shape), numpy_decode(p2, s2), idx, w)
+    assert_close(got.cpu(), want, torch.float32, "sm_100 module")

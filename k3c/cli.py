@@ -332,7 +332,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("generate", help="greedy generation through an artifact with fixed-capacity caches")
     s.add_argument("--model", required=True)
-    s.add_argument("--backend", required=True, help="reference, onnx, tvm, triton or eager")
+    s.add_argument("--backend", required=True, help="reference, onnx, onnx:ort, tvm, triton (any name diff takes) "
+                   "or eager")
     s.add_argument("--prompt-ids", help='one prompt of token ids, e.g. "1 2 3"')
     s.add_argument("--prompt-file", help="a file holding one prompt's token ids")
     s.add_argument("--batch-file", help="a file of prompts, one a line (they may differ in length)")

@@ -51,6 +51,7 @@ from .ort import MAX_UNROLLED_EXPERTS, mapping
 
 BITS = 4
 ZERO_POINT = 8  # MatMulNBits' default zero point for 4 bits (2^(bits-1)): left out of the graph
+ZERO_POINT_8 = 128  # and for 8 bits
 
 
 def nbits4_pair(packed: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -62,12 +63,28 @@ def nbits4_pair(packed: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor
     a = t.clamp(-8, 7)
     q = torch.cat([a, t - a], dim=1) + ZERO_POINT  # [N, 2K] in [0, 15]
     q = (q[:, 0::2] | (q[:, 1::2] << 4)).to(torch.uint8)
-    e = scale.to(torch.int32)
-    # 2^(e - 128) from the bits: e - 1 >= 1 is a normal exponent field, e = 1 is 2^-127 (the
-    # subnormal 0x400000), e = 0 is 2^-128 (0x200000); 255 stays NaN
-    bits = torch.where(e >= 2, (e - 1) << 23, torch.where(e == 1, 0x400000, 0x200000))
-    s = torch.where(e == E8M0_NAN, torch.full_like(e, 0x7FC00000), bits).to(torch.int32).view(torch.float32)
+    s = half_scales(scale)
     return q.reshape(N, 2 * K // GROUP_SIZE, GROUP_SIZE // 2), torch.cat([s, s], dim=1)
+
+
+def half_scales(scale: torch.Tensor) -> torch.Tensor:
+    """E8M0 bytes e (uint8, any shape) -> 2^(e - 128) in float32, exactly (255 stays NaN)."""
+    e = scale.to(torch.int32)
+    # from the bits: e - 1 >= 1 is a normal exponent field, e = 1 is 2^-127 (the subnormal
+    # 0x400000), e = 0 is 2^-128 (0x200000)
+    bits = torch.where(e >= 2, (e - 1) << 23, torch.where(e == 1, 0x400000, 0x200000))
+    return torch.where(e == E8M0_NAN, torch.full_like(e, 0x7FC00000), bits).to(torch.int32).view(torch.float32)
+
+
+def nbits8(packed: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """MXFP4 `packed` [N, K/2] and E8M0 `scale` [N, K/32] (uint8) -> MatMulNBits' B for
+    bits=8, [N, K/32, 32] uint8 (q = 128 + t, t = 2v in [-12, 12], MatMulNBits' default zero
+    point 128), and its scales [N, K/32] float32 (2^(e - 128)): 1.125 bytes a weight, the same
+    weights as nbits4_pair (and as the MXFP4 decode but for -0, which becomes +0)."""
+    N, K = packed.shape[0], 2 * packed.shape[1]
+    t = (2 * e2m1_table()).to(torch.int32)[unpack_codes(packed).to(torch.int64)]
+    q = (t + ZERO_POINT_8).to(torch.uint8)
+    return q.reshape(N, K // GROUP_SIZE, GROUP_SIZE), half_scales(scale)
 
 
 def _static(*dims) -> bool:
@@ -110,10 +127,58 @@ def _per_expert(lx, rows: str, counts: str, packed: str, scale: str) -> str:
     return b.Concat(*outs, axis=0)
 
 
-@mapping("com.microsoft::MatMulNBits", "moe_experts_mxfp4", supports=_applies)
+def int8_blocks(packed: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """MXFP4 experts `packed` [E, N, K/2] and `scale` [E, N, K/32] (uint8) -> the operands of
+    a blocked DequantizeLinear (axis 1, block 32) that yields W^T [E, K, N] in float32: int8
+    t = 2v [E, K, N] and the scales 2^(e - 128) [E, K/32, N]. t * 2^(e - 128) is exact, so
+    the weights are the MXFP4 decode but for -0, which becomes +0; 1.125 bytes a weight."""
+    t = (2 * e2m1_table()).to(torch.int8)[unpack_codes(packed).to(torch.int64)]
+    return t.transpose(1, 2).contiguous(), half_scales(scale).transpose(1, 2).contiguous()
+
+
+def _dq_initializers(lx, packed: str, scale: str) -> tuple[str, str]:
+    t_name, s_name = f"{packed}.int8t", f"{scale}.int8t"
+    if t_name not in lx.initializers:
+        t, s = int8_blocks(lx.graph.weights[packed], lx.graph.weights[scale])
+        lx.initializers[t_name], lx.initializers[s_name] = tensor_proto(t_name, t), tensor_proto(s_name, s)
+    return t_name, s_name
+
+
+def _gathered(lx, x: str, slots: str, k: int, packed: str, scale: str) -> str:
+    """x [N, k or 1, 1, K] through each slot's expert -> [N, k, 1, N_out]: the routed experts'
+    int8 codes and scales gathered, dequantized (exactly) and one batched MatMul."""
+    t, s = _dq_initializers(lx, packed, scale)
+    E, N_out, half = (int(d) for d in lx.type(packed).shape)
+    b = lx.b
+    wt = b.op("DequantizeLinear", [b.Gather(t, slots, axis=0), b.Gather(s, slots, axis=0)], 1, axis=1,
+              block_size=GROUP_SIZE)  # [N k, K, N_out] float32
+    return b.MatMul(x, b.Reshape(wt, b.ints([-1, k, 2 * half, N_out])))
+
+
+def _decode_form(lx, node, h, idx, w, act_args) -> None:
+    """Few tokens (a decode step): only the routed experts' weights are read."""
+    p13, s13, p2, s2 = node.inputs[1:5]
+    b = lx.b
+    k, D = int(lx.type(node.inputs[5]).shape[1]), int(lx.type(node.inputs[0]).shape[1])
+    slots = b.Reshape(idx, b.ints([-1]))
+    gu = _gathered(lx, b.Reshape(h, b.ints([-1, 1, 1, D])), slots, k, p13, s13)  # [N, k, 1, 2I]
+    out = _gathered(lx, activation(b, gu, *act_args), slots, k, p2, s2)  # [N, k, 1, D_out]
+    D_out = int(lx.type(p2).shape[1])
+    weighted = b.Mul(b.Reshape(out, b.ints([-1, k, D_out])), b.unsqueeze(w, 2))
+    b.ReduceSum(weighted, b.ints([1]), keepdims=0, outputs=[lx.out(node, 0)])
+
+
+def _few_tokens(lx, node) -> bool:
+    """A decode step: N tokens with N k <= E, or N the batch (ort.py's rule for SiTU experts)."""
+    N, E, k = lx.type(node.inputs[0]).shape[0], lx.type(node.inputs[1]).shape[0], lx.type(node.inputs[5]).shape[1]
+    return int(N) * int(k) <= int(E) if D.is_static(N) else D.symbols_of(N) <= {"B"}
+
+
+@mapping("com.microsoft::MatMulNBits / ai.onnx::DequantizeLinear", "moe_experts_mxfp4", supports=_applies)
 def _experts_emit(lx, node):
-    """The slots sorted by expert through MatMulNBits(w13), the activation once over all of
-    them, MatMulNBits(w2): per expert only its two MatMulNBits."""
+    """Many tokens: the slots sorted by expert through MatMulNBits(w13), the activation once
+    over all of them, MatMulNBits(w2): per expert only its two MatMulNBits. A decode step:
+    the routed experts gathered as int8 blocks (_decode_form)."""
     h, idx, w = (lx.x(node.inputs[i]) for i in (0, 5, 6))
     p13, s13, p2, s2 = node.inputs[1:5]  # the packed weights: re-encoded, never initializers themselves
     y = lx.out(node, 0)
@@ -125,6 +190,9 @@ def _experts_emit(lx, node):
     if a["act"] != "silu":
         beta = b.param(float(a["beta"]))
         linear_beta = b.param(float(a["linear_beta"])) if a["linear_beta"] is not None else None
+    if _few_tokens(lx, node):
+        _decode_form(lx, node, h, idx, w, (a["act"], beta, linear_beta))
+        return
     counts, dest, perm = sorted_slots(b, idx, E)
     rows = b.Gather(h, b.Div(perm, b.const(k, "i64")), axis=0)  # [N k, D]: each slot's token
     gu = _per_expert(lx, rows, counts, p13, s13)  # [N k, 2I] in expert order

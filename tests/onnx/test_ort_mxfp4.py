@@ -53,7 +53,7 @@ def compiled(model, tmp_path_factory):
 def test_the_ort_artifact_runs_the_experts_as_matmulnbits(model, compiled):
     ort_run, _ = compiled
     experts = model.config.num_experts
-    for entry in ("prefill", "decode"):
+    for entry in ("prefill",):  # a decode step gathers its experts (test_ort_release_route.py)
         m = onnx.load(str(ort_run.out_dir / f"{entry}.onnx"), load_external_data=False)
         ops = [n.op_type for n in m.graph.node]
         nbits = [n for n in m.graph.node if n.op_type == "MatMulNBits"]

@@ -115,6 +115,10 @@ class TritonBackend:
         manifest = {"format": FORMAT, "module": MODULE_FILE,
                     "entries": {e: {"inputs": g.inputs, "outputs": [k for k, _ in g.outputs], "graph": f"{e}.k3c"}
                                 for e, g in graphs.items()}}
+        if self.target:
+            manifest["target"] = self.target
+            if _block_scaled_experts(self.target, graphs):  # a numerics choice: said where the artifact is
+                manifest["expert_activations"] = "mxfp8"
         (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
         if self.target:  # every kernel compiled for the GPU, inside the artifact before it is sealed
             from .aot import compile_kernels
@@ -157,6 +161,17 @@ class TritonBackend:
                    f"(a model built on the meta device compiles, but cannot run)")
         weights = {k: v.to(DEVICE) for k, v in tensors.items()}
         return TritonRunner(_import(module_file), entries, weights, DEVICE, why)
+
+
+MXFP4_EXPERT_OPS = frozenset({"moe_gate_up_mxfp4", "moe_down_mxfp4", "moe_experts_mxfp4"})
+
+
+def _block_scaled_experts(target: str, graphs: dict[str, Graph]) -> bool:
+    """Whether the module for `target` runs MXFP4 experts on the block-scaled MMA, which rounds
+    their activations to MXFP8 (lowering.py's _mxfp4_experts decides it from the same target)."""
+    from .aot import TARGETS
+
+    return TARGETS[target].block_scaled and any(n.op in MXFP4_EXPERT_OPS for g in graphs.values() for n in g.nodes)
 
 
 def _import(path: Path):

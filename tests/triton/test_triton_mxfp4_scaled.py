@@ -28,7 +28,7 @@ from triton_inputs import DEVICE, gen
 
 from k3c import ir
 from k3c.backends.triton import generate_module
-from k3c.backends.triton.backend import _import
+from k3c.backends.triton.backend import _block_scaled_experts, _import
 from k3c.kernels.moe.naive import moe_down as down_ref
 from k3c.kernels.moe.naive import moe_gate_up as gate_up_ref
 from k3c.kernels.moe.triton import moe_down_mxfp4_scaled as down_scaled
@@ -229,6 +229,8 @@ def test_the_target_picks_the_kernels_once_when_the_module_is_written(tmp_path):
         assert "moe_experts_mxfp4(h, " in source and "_scaled" not in source, target
     source = generate_module({"forward": g}, "t", "sm_100")
     assert "moe_experts_mxfp4_scaled(h, " in source
+    # and the artifact's manifest says so: expert_activations "mxfp8"
+    assert _block_scaled_experts("sm_100", {"forward": g}) and not _block_scaled_experts("sm_90", {"forward": g})
     (tmp_path / "m.py").write_text(source)
     h = 0.05 * torch.randn(TOKENS, 64, generator=gen(10))
     idx, w = routing(3)

@@ -69,9 +69,10 @@ def compile_mesh(model: torch.nn.Module, backend: str, example_inputs: tuple, me
     the routed experts' outputs are combined (passes/partition.py: auto, all_reduce,
     all_to_all); the manifest records what ran."""
     mesh = Mesh.parse(mesh)
-    backend, _, flavour = backend.partition(":")  # onnx:ort, as k3c diff names a flavour
-    if flavour:
-        options = {"flavour": flavour, **options}
+    from ..backend_spec import parse_backend
+
+    spec = parse_backend(backend, "backend")  # onnx:ort, as k3c diff names a flavour
+    backend, options = spec.name, {**spec.options(), **options}
     be = backends.get(backend, **options)
     steps = passes_mod.for_backend(passes_mod.steps_of(passes), **passes_mod.backend_choices(be))
     out = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix=f"k3c-mesh-{backend}-"))

@@ -84,8 +84,8 @@ def roofline(out_dir: str | Path, sizes: dict[str, int]) -> list[Row]:
     kernels = json.loads((out / "kernels.json").read_text())
     by_op: dict[str, list[dict]] = {}
     for k in kernels:
-        for caller in k.get("launched_by", []):
-            by_op.setdefault(caller.removeprefix("rt."), []).append(k)
+        for caller in k.get("launched_by", []):  # a "_scaled" template is its op's block-scaled form
+            by_op.setdefault(caller.removeprefix("rt.").removesuffix("_scaled"), []).append(k)
     rows = []
     for entry, g in graphs.items():
         rows += _entry_rows(entry, g, sizes, by_op)

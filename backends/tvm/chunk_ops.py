@@ -33,7 +33,8 @@ def prepare(ctx: LowerContext, q, k, v, beta, g, *, gate: str, C: int, H: int, K
     ck = [B, H, NC, C, K]
     gates = ctx.kernel(("chunk_gates", gate, H, K, C), lambda: chunk.chunk_gates(H, K, C, gate, ctx.target),
                        chunk.SCHEDULES)
-    qd, kd, kw, G, dl = ctx.call_tir(gates, [q, k, g], [_f32(ck), _f32(ck), _f32(ck), _f32([B, H, NC, C, KD]),
+    G64 = relax.TensorType([B, H, NC, C, KD], "float64")  # cumulative gates (kernels/kda/tvm/common.py)
+    qd, kd, kw, G, dl = ctx.call_tir(gates, [q, k, g], [_f32(ck), _f32(ck), _f32(ck), G64,
                                                         _f32([B, H, NC, KD])])
     scores = ctx.kernel(("chunk_scores", gate, H, K, C), lambda: chunk.chunk_scores(H, K, C, gate, ctx.target),
                         chunk.SCHEDULES)

@@ -33,10 +33,15 @@ def exp_vec(x):
     `exp` becomes one libm call per lane): x = n ln2 + r with |r| <= ln2 / 2, exp(r) by its
     Taylor series to degree 7 (relative error below 1e-8), 2^n written into the exponent bits.
     r is reduced in two steps (Cody and Waite's split of ln 2), so that it keeps its low bits:
-    with one float32 ln 2 the error of n ln2 alone reaches 4e-7 of exp(x) at |x| ~ 10."""
-    x = T.max(T.min(x, T.float32(88.0)), T.float32(-87.0))
-    n = T.floor(x * T.float32(_LOG2E) + T.float32(0.5))
-    r = (x - n * T.float32(_LN2_HI)) - n * T.float32(_LN2_LO)
+    with one float32 ln 2 the error of n ln2 alone reaches 4e-7 of exp(x) at |x| ~ 10.
+    Outside [-87, 88] x is clamped (exp(-87) = 1.6e-38, the bottom of fp32's normal range).
+    NaN stays NaN: a clamp by min/max would map it to a number (a NaN weight gave finite
+    outputs where eager gives NaN), so the clamp is two selects on comparisons, which are
+    false for NaN and pass it through to r and the result. (An isnan select on the result
+    costs as much again as the whole exp: LLVM does not keep it in vectors.)"""
+    xc = T.max(T.float32(-87.0), T.min(T.float32(88.0), x))
+    n = T.floor(xc * T.float32(_LOG2E) + T.float32(0.5))
+    r = (xc - n * T.float32(_LN2_HI)) - n * T.float32(_LN2_LO)
     p = T.float32(1.0 / 5040)
     for c in (1.0 / 720, 1.0 / 120, 1.0 / 24, 1.0 / 6, 0.5, 1.0, 1.0):
         p = p * r + T.float32(c)

@@ -2,8 +2,8 @@
 `chunk_state_scan` and `chunk_output` (definitions: k3c.kernels.delta_chunk).
 
 `chunk_prepare` is three kernels, each parallel over (batch, head, chunk):
-    chunk_gates   G = cumsum(g) in the chunk; q exp(G), k exp(G_last - G), k exp(G),
-                  exp(G_last) (every exponent <= 0, floored at EXP_FLOOR)
+    chunk_gates   G = cumsum(g) in the chunk, in float64 (common.py); q exp(G),
+                  k exp(G_last - G), k exp(G), exp(G_last) (every exponent <= 0)
     chunk_scores  L[i, j] = beta_i sum_d k_i k_j exp(G_i - G_j) (j < i) and
                   Aqk[i, j] = sum_d q_i k_j exp(G_i - G_j) (j <= i): the pairwise exponent,
                   masked before the exp, so nothing overflows under strong decay; for
@@ -28,13 +28,13 @@ from tvm import s_tir, tirx
 from tvm.script import tirx as T
 
 from ...common.tvm import inner_loop
-from .common import _check, _decay
+from .common import _check, _decay_between, _decay_of
 from .scores import PIVOT_ROWS, chunk_scores, chunk_scores_channel  # noqa: F401  (part of this module's API)
 
 
 def chunk_gates(H: int, K: int, C: int, gate: str, target: str = "llvm") -> tirx.PrimFunc:
-    """q, k [B, L, H, K], g [B, L, H, KD] -> q_dec, k_dec, k_w [B, H, NC, C, K], G [B, H, NC, C, KD],
-    decay_last [B, H, NC, KD]; KD = K for channel gates, else 1."""
+    """q, k [B, L, H, K], g [B, L, H, KD] -> q_dec, k_dec, k_w [B, H, NC, C, K], G [B, H, NC, C, KD]
+    (float64), decay_last [B, H, NC, KD]; KD = K for channel gates, else 1."""
     _check(gate)
     KD = K if gate == "channel" else 1
     per_channel = 1 if gate == "channel" else 0
@@ -52,7 +52,7 @@ def chunk_gates(H: int, K: int, C: int, gate: str, target: str = "llvm") -> tirx
         qd = T.match_buffer(qd_h, (B, H, (L + C - 1) // C, C, K), "float32")
         kd = T.match_buffer(kd_h, (B, H, (L + C - 1) // C, C, K), "float32")
         kw = T.match_buffer(kw_h, (B, H, (L + C - 1) // C, C, K), "float32")
-        G = T.match_buffer(G_h, (B, H, (L + C - 1) // C, C, KD), "float32")
+        G = T.match_buffer(G_h, (B, H, (L + C - 1) // C, C, KD), "float64")
         dl = T.match_buffer(dl_h, (B, H, (L + C - 1) // C, KD), "float32")
         for b, h, n in T.grid(B, H, (L + C - 1) // C):
             with T.sblock("chunk"):
@@ -60,28 +60,28 @@ def chunk_gates(H: int, K: int, C: int, gate: str, target: str = "llvm") -> tirx
                 T.reads(q[vb, 0:L, vh, 0:K], k[vb, 0:L, vh, 0:K], g[vb, 0:L, vh, 0:KD])
                 T.writes(qd[vb, vh, vn, 0:C, 0:K], kd[vb, vh, vn, 0:C, 0:K], kw[vb, vh, vn, 0:C, 0:K],
                          G[vb, vh, vn, 0:C, 0:KD], dl[vb, vh, vn, 0:KD])
-                run = T.alloc_buffer((KD,), "float32", scope="local")
+                run = T.alloc_buffer((KD,), "float64", scope="local")
                 for d in range(KD):
-                    run[d] = T.float32(0)
+                    run[d] = T.float64(0)
                 for c in range(C):
                     for d in range(KD):
                         if gated:
-                            run[d] = run[d] + T.if_then_else(vn * C + c < L, g[vb, T.min(vn * C + c, L - 1), vh, d],
-                                                             T.float32(0))
+                            run[d] = run[d] + T.Cast("float64", T.if_then_else(
+                                vn * C + c < L, g[vb, T.min(vn * C + c, L - 1), vh, d], T.float32(0)))
                         G[vb, vh, vn, c, d] = run[d]
                 for d in range(KD):
-                    dl[vb, vh, vn, d] = _decay(run[d])
+                    dl[vb, vh, vn, d] = _decay_of(run[d])
                 for c in range(C):
                     for d in cols(K):
                         kd[vb, vh, vn, c, d] = T.if_then_else(
                             vn * C + c < L, k[vb, T.min(vn * C + c, L - 1), vh, d], T.float32(0)
-                        ) * _decay(run[d * per_channel] - G[vb, vh, vn, c, d * per_channel])
+                        ) * _decay_between(run[d * per_channel], G[vb, vh, vn, c, d * per_channel])
                         kw[vb, vh, vn, c, d] = T.if_then_else(
                             vn * C + c < L, k[vb, T.min(vn * C + c, L - 1), vh, d], T.float32(0)
-                        ) * _decay(G[vb, vh, vn, c, d * per_channel])
+                        ) * _decay_of(G[vb, vh, vn, c, d * per_channel])
                         qd[vb, vh, vn, c, d] = T.if_then_else(
                             vn * C + c < L, q[vb, T.min(vn * C + c, L - 1), vh, d], T.float32(0)
-                        ) * _decay(G[vb, vh, vn, c, d * per_channel])
+                        ) * _decay_of(G[vb, vh, vn, c, d * per_channel])
 
     return kernel
 

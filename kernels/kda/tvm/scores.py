@@ -9,11 +9,11 @@ from tvm import tirx
 from tvm.script import tirx as T
 
 from ...common.tvm import inner_loop
-from .common import _check, _decay
+from .common import _check, _decay_between
 
 
 def chunk_scores(H: int, K: int, C: int, gate: str, target: str = "llvm") -> tirx.PrimFunc:
-    """q, k [B, L, H, K], beta [B, L, H], G [B, H, NC, C, KD] -> L_ [B, H, NC, C, C] (beta_i kk, j < i),
+    """q, k [B, L, H, K], beta [B, L, H], G [B, H, NC, C, KD] (float64) -> L_ [B, H, NC, C, C] (beta_i kk, j < i),
     aqk [B, H, NC, C, C] (j <= i)."""
     _check(gate)
     if gate == "channel" and C > PIVOT_ROWS and C % PIVOT_ROWS == 0:
@@ -32,7 +32,7 @@ def chunk_scores(H: int, K: int, C: int, gate: str, target: str = "llvm") -> tir
         q = T.match_buffer(q_h, (B, L, H, K), "float32")
         k = T.match_buffer(k_h, (B, L, H, K), "float32")
         beta = T.match_buffer(beta_h, (B, L, H), "float32")
-        G = T.match_buffer(G_h, (B, H, (L + C - 1) // C, C, KD), "float32")
+        G = T.match_buffer(G_h, (B, H, (L + C - 1) // C, C, KD), "float64")
         Lm = T.match_buffer(Lm_h, (B, H, (L + C - 1) // C, C, C), "float32")
         aqk = T.match_buffer(aqk_h, (B, H, (L + C - 1) // C, C, C), "float32")
         for b, h, n in T.grid(B, H, (L + C - 1) // C):
@@ -43,7 +43,7 @@ def chunk_scores(H: int, K: int, C: int, gate: str, target: str = "llvm") -> tir
                 # the chunk's keys and cumulative gates, transposed so that a row of scores is
                 # contiguous; zero-padded past L
                 kT = T.alloc_buffer((K, C), "float32", scope=shared)
-                GT = T.alloc_buffer((KD, C), "float32", scope=shared)
+                GT = T.alloc_buffer((KD, C), "float64", scope=shared)
                 kk = T.alloc_buffer((C,), "float32", scope="local")
                 qk = T.alloc_buffer((C,), "float32", scope="local")
                 e = T.alloc_buffer((C,), "float32", scope="local")
@@ -60,7 +60,7 @@ def chunk_scores(H: int, K: int, C: int, gate: str, target: str = "llvm") -> tir
                     for d in range(K):
                         for j in cols(C):
                             if channel:  # exp(G_i - G_j), its exponent <= 0 where j <= i, masked elsewhere
-                                e[j] = T.Select(j <= i, _decay(T.min(GT[d, i] - GT[d, j], T.float32(0))),
+                                e[j] = T.Select(j <= i, _decay_between(GT[d, i], GT[d, j]),
                                                 T.float32(0))
                                 kk[j] = kk[j] + kT[d, i] * kT[d, j] * e[j]
                                 qk[j] = qk[j] + T.if_then_else(
@@ -72,7 +72,7 @@ def chunk_scores(H: int, K: int, C: int, gate: str, target: str = "llvm") -> tir
                                     vn * C + i < L, q[vb, T.min(vn * C + i, L - 1), vh, d], T.float32(0)) * kT[d, j]
                     for j in cols(C):
                         if head:
-                            e[j] = _decay(T.min(GT[0, i] - GT[0, j], T.float32(0)))
+                            e[j] = _decay_between(GT[0, i], GT[0, j])
                             kk[j] = kk[j] * e[j]
                             qk[j] = qk[j] * e[j]
                         if delta:
@@ -113,7 +113,7 @@ def chunk_scores_channel(H: int, K: int, C: int, target: str = "llvm", S: int = 
         q = T.match_buffer(q_h, (B, L, H, K), "float32")
         k = T.match_buffer(k_h, (B, L, H, K), "float32")
         beta = T.match_buffer(beta_h, (B, L, H), "float32")
-        G = T.match_buffer(G_h, (B, H, (L + C - 1) // C, C, K), "float32")
+        G = T.match_buffer(G_h, (B, H, (L + C - 1) // C, C, K), "float64")
         Lm = T.match_buffer(Lm_h, (B, H, (L + C - 1) // C, C, C), "float32")
         aqk = T.match_buffer(aqk_h, (B, H, (L + C - 1) // C, C, C), "float32")
         for b, h, n in T.grid(B, H, (L + C - 1) // C):
@@ -122,12 +122,14 @@ def chunk_scores_channel(H: int, K: int, C: int, target: str = "llvm", S: int = 
                 T.reads(q[vb, 0:L, vh, 0:K], k[vb, 0:L, vh, 0:K], beta[vb, 0:L, vh], G[vb, vh, vn, 0:C, 0:K])
                 T.writes(Lm[vb, vh, vn, 0:C, 0:C], aqk[vb, vh, vn, 0:C, 0:C])
                 kT = T.alloc_buffer((K, C), "float32", scope=shared)  # keys, transposed, zero past L
-                GT = T.alloc_buffer((K, C), "float32", scope=shared)  # cumulative gates, transposed
+                GT = T.alloc_buffer((K, C), "float64", scope=shared)  # cumulative gates, transposed
                 qT = T.alloc_buffer((K, C), "float32", scope=shared)  # queries, transposed, zero past L
                 bT = T.alloc_buffer((K, C), "float32", scope=shared)  # k_j exp(G_p - G_j), j < p
                 kk = T.alloc_buffer((C,), "float32", scope="local")
                 qk = T.alloc_buffer((C,), "float32", scope="local")
                 e = T.alloc_buffer((S,), "float32", scope="local")
+                rk = T.alloc_buffer((K,), "float32", scope="local")  # a row's key and query, decayed to the pivot
+                rq = T.alloc_buffer((K,), "float32", scope="local")
                 for d in range(K):
                     for c in cols(C):
                         kT[d, c] = T.if_then_else(vn * C + c < L, k[vb, T.min(vn * C + c, L - 1), vh, d], T.float32(0))
@@ -136,22 +138,23 @@ def chunk_scores_channel(H: int, K: int, C: int, target: str = "llvm", S: int = 
                 for blk in range(NS):
                     for d in range(K):
                         for j in cols(C):
-                            bT[d, j] = T.Select(j < blk * S, kT[d, j] * _decay(T.min(GT[d, blk * S] - GT[d, j],
-                                                                                       T.float32(0))), T.float32(0))
+                            bT[d, j] = T.Select(j < blk * S, kT[d, j] * _decay_between(GT[d, blk * S], GT[d, j]),
+                                                T.float32(0))
                     for ii in range(S):
                         for j in cols(C):
                             kk[j] = T.float32(0)
                             qk[j] = T.float32(0)
+                        for d in cols(K):  # the row's decays to the pivot, once per row (not per column)
+                            rk[d] = kT[d, blk * S + ii] * _decay_between(GT[d, blk * S + ii], GT[d, blk * S])
+                            rq[d] = qT[d, blk * S + ii] * _decay_between(GT[d, blk * S + ii], GT[d, blk * S])
                         for d in range(K):
                             for j in cols(C):  # the earlier sub-blocks, through the pivot
-                                kk[j] = kk[j] + kT[d, blk * S + ii] * _decay(
-                                    GT[d, blk * S + ii] - GT[d, blk * S]) * bT[d, j]
-                                qk[j] = qk[j] + qT[d, blk * S + ii] * _decay(
-                                    GT[d, blk * S + ii] - GT[d, blk * S]) * bT[d, j]
+                                kk[j] = kk[j] + rk[d] * bT[d, j]
+                                qk[j] = qk[j] + rq[d] * bT[d, j]
                         for d in range(K):
                             for jj in cols(S):  # the row's own sub-block: the exact pairwise exponent
-                                e[jj] = T.Select(jj <= ii, _decay(T.min(GT[d, blk * S + ii] - GT[d, blk * S + jj],
-                                                                        T.float32(0))), T.float32(0))
+                                e[jj] = T.Select(jj <= ii, _decay_between(GT[d, blk * S + ii], GT[d, blk * S + jj]),
+                                                 T.float32(0))
                                 kk[blk * S + jj] = kk[blk * S + jj] + kT[d, blk * S + ii] * kT[d, blk * S + jj] * e[jj]
                                 qk[blk * S + jj] = qk[blk * S + jj] + qT[d, blk * S + ii] * kT[d, blk * S + jj] * e[jj]
                         for j in cols(C):

@@ -63,8 +63,22 @@ def test_one_parser_of_backend_names():
         parse_backend("onnxx")
 
 
-def test_generate_takes_a_flavoured_backend(capsys):
+def test_generate_takes_a_flavoured_backend(capsys, monkeypatch, tmp_path):
+    """`generate --backend onnx:ort` compiles for onnx with flavour ort (the compile itself is
+    stood in for by the eager model: what is checked is what generate asks for)."""
+    from k3c.generate import EagerRunner
+
+    asked = []
+
+    def fake_compile(model, backend, example, out_dir=None, max_context=None, force=False, **options):
+        asked.append((backend, options, max_context))
+        run = EagerRunner(model, max_context)
+        run.out_dir = tmp_path
+        return run
+
+    monkeypatch.setattr(k3c, "compile", fake_compile)
     assert main(["generate", *GPT2, "--backend", "onnx:ort", "--prompt-ids", "1 2 3", "--max-new-tokens", "3"]) == 0
+    assert asked == [("onnx", {"flavour": "ort"}, 6)]
     out = capsys.readouterr()
     assert len(out.out.split()) == 3 and "compiled gpt2-tiny for onnx:ort" in out.err
 

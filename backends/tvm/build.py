@@ -9,7 +9,9 @@ fusion (schedules.py). The artifact of `lower`:
     DIR/lib.so                 the compiled library (functions prefill/decode/forward and
                                transform_params), loadable with tvm.runtime.load_module
     DIR/weights.safetensors    the weights, by IR name, as the graphs hold them
-    DIR/manifest.json          target, weight order, and per entry its inputs, outputs and dims
+    DIR/manifest.json          target (its name, the compiled target string, the CPU features
+                               that chose kernel forms), weight order, and per entry its
+                               inputs, outputs and dims
     DIR/kernels.cu             (cuda only) the generated CUDA source, for reading
 """
 
@@ -29,7 +31,7 @@ from ...ir import dims as D
 from ..signs import decay_inputs
 from .lower import lower_module, weight_names
 from .schedules import default_schedule
-from .target import make_target
+from .target import cpu_features, make_target
 
 FORMAT = "k3c-tvm/1"
 
@@ -122,9 +124,12 @@ def _id_bounds(graph: Graph) -> dict[str, int]:
 
 
 def manifest(graphs: dict[str, Graph], target: str, options: dict, seconds: float) -> dict:
+    tgt = make_target(target, options.get("arch"))
     return {
         "format": FORMAT,
         "target": target,
+        "target_string": str(tgt),  # what the library was compiled for (llvm: this host's -mcpu)
+        "cpu_features": cpu_features(tgt),  # of those that choose kernel forms (target.CPU_FEATURES)
         "weights": weight_names(graphs),
         "options": {k: v for k, v in options.items() if isinstance(v, (str, int, float, bool))},
         "build_seconds": round(seconds, 2),

@@ -2,9 +2,14 @@
 registered in the `tvm` table of k3c.backends.tables (cell "relax" of the support matrix).
 
 Relax legalizes these to TensorIR, fuses neighbours, and the schedule rules of schedules.py
-give the fused functions their loops. A `linear` by a float32 weight on llvm is the
-exception: a hand-written panel GEMM (kernels/common/tvm/gemm.py) whose weight packing the
-build lifts out into the one-time parameter transform, as it does the transposes elsewhere.
+give the fused functions their loops. A `linear` by a weight on llvm is the exception: a
+hand-written panel GEMM (kernels/common/tvm/gemm.py) whose weight packing the build lifts out
+into the one-time parameter transform, as it does the transposes elsewhere.
+
+A BF16 weight that compute-dtype widened (`cast(weight_bf16 -> f32)` where read) stays BF16 in
+memory when its readers take the stored bytes (`stored`, STORED_READS): its cast lowers to
+nothing, the GEMM packs BF16 panels and widens in registers, the embedding widens the rows it
+gathers. Elsewhere the cast is Relax's, lifted to load time like any weight-only work.
 """
 
 from __future__ import annotations

@@ -8,6 +8,11 @@ import os
 import tvm
 
 KINDS = ("llvm", "cuda")
+# LLVM's names of the CPU features that decide which kernel form is fastest: vector width
+# (panels of 16 or 32 columns), BF16 dot products, AMX tiles. The manifest records those of
+# the target an artifact was built for.
+CPU_FEATURES = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512vnni", "avx512bf16", "amx-tile",
+                "amx-bf16", "amx-int8")
 
 
 def make_target(name: str = "llvm", arch: str | None = None, mcpu: str | None = None) -> tvm.target.Target:
@@ -18,3 +23,11 @@ def make_target(name: str = "llvm", arch: str | None = None, mcpu: str | None = 
     if name == "cuda":
         return tvm.target.Target({"kind": "cuda", "arch": arch or "sm_90"})
     raise ValueError(f"unknown TVM target {name!r}; known: {', '.join(KINDS)}")
+
+
+def cpu_features(target: tvm.target.Target) -> list[str]:
+    """The CPU_FEATURES that an llvm `target` has ([] for other kinds)."""
+    if target.kind.name != "llvm":
+        return []
+    have = tvm.target.codegen.llvm_get_cpu_features(target)
+    return [f for f in CPU_FEATURES if f in have]

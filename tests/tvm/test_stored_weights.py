@@ -13,7 +13,7 @@ import tvm
 from tvm import s_tir
 from tvm.script import tirx as T
 
-from k3c.backends.tvm.target import make_target
+from k3c.backends.tvm.target import CPU_FEATURES, make_target
 from k3c.kernels.common.tvm.gemm import PANEL, WIDE_PANEL, packed_linear
 from k3c.kernels.moe.naive import moe_down, moe_gate_up
 from k3c.kernels.moe.tvm import SCHEDULES, panel
@@ -148,10 +148,16 @@ def test_a_release_precision_artifact_holds_its_weights_as_stored(tmp_path):
     out = k3c.compile(model, "tvm", (torch.randint(0, model.config.vocab_size, (1, 8)),), out_dir=tmp_path).out_dir
     vm = relax.VirtualMachine(tvm.runtime.load_module(str(out / "lib.so")), tvm.cpu())
     tensors = load_file(str(out / "weights.safetensors"))
-    params = vm["transform_params"]([_tvm(tensors[w]) for w in json.loads((out / "manifest.json").read_text())["weights"]])
+    manifest = json.loads((out / "manifest.json").read_text())
+    params = vm["transform_params"]([_tvm(tensors[w]) for w in manifest["weights"]])
     held = {}
     for p in params:
         held[str(p.dtype)] = held.get(str(p.dtype), 0) + p.numel() * tvm.runtime.DataType(str(p.dtype)).bits // 8
     release = weight_bytes(model)["total"]
     assert sum(held.values()) <= 1.1 * release, (held, release)
     assert held.get("float32", 0) < 0.1 * release, held  # the release's few F32 tensors and folded norms
+    # the host the kernels were chosen for: its -mcpu, and the features the OS reports for it
+    assert manifest["target_string"] == str(make_target("llvm")) and "mcpu" in manifest["target_string"]
+    flags = next(line.split(":", 1)[1].split() for line in open("/proc/cpuinfo") if line.startswith("flags"))
+    os_names = {"avx512bf16": "avx512_bf16", "avx512vnni": "avx512_vnni"}
+    assert manifest["cpu_features"] == [f for f in CPU_FEATURES if os_names.get(f, f.replace("-", "_")) in flags]

@@ -25,7 +25,7 @@ from k3c.precision_check import NEAR_TIE_ULPS, Routing, agreement, bf16_ulp, rou
 
 MODELS = {  # k3-tiny cut to one KDA, two MoE layers with MXFP4 experts, one MLA layer, AttnRes
     "k3-tiny": dict(experts="mxfp4", num_layers=4, mla_layers=(4,)),
-    "kimi-linear-tiny": {},
+    "kimi-linear-tiny": dict(num_layers=4, mla_layers=(4,)),  # KDA, then MoE; MLA the fourth
 }
 
 

@@ -153,6 +153,13 @@ def flag_conflicts(args: argparse.Namespace) -> None:
         for flag, key in (("--out", "out"), ("--force", "force")):
             if given.get(key):
                 raise UsageError(f"{flag} with --backend eager: the eager model writes no artifact")
+    if given.get("keep") and given.get("out"):
+        raise UsageError(f"--keep with --out {args.out}: artifacts written to --out are kept anyway")
+    if args.command == "show" and given.get("backend") != "tvm":
+        if given.get("target"):
+            raise UsageError("--target applies to show --backend tvm")
+    if args.command == "show" and given.get("backend") == "tvm" and given.get("dot"):
+        raise UsageError("--dot with --backend tvm: show prints the scheduled TIR there, no graph to draw")
     if given.get("mesh") is not None and not given["mesh"].strip():
         raise UsageError("--mesh '' names no mesh: give tp=N,ep=M (or leave --mesh out for one process)")
     if args.command == "compile" and given.get("seq_len") is not None:

@@ -92,8 +92,11 @@ def key(graphs: dict[str, Graph], target: str, options: dict) -> str:
 
     h = hashlib.sha256()
     h.update(_source_digest().encode())
-    h.update(json.dumps([target, sorted((k, str(v)) for k, v in options.items()), __version__, tvm.__version__])
-             .encode())
+    from .target import make_target
+
+    compiled_for = str(make_target(target, options.get("arch")))  # llvm: the host's -mcpu (a shared cache dir)
+    h.update(json.dumps([target, compiled_for, sorted((k, str(v)) for k, v in options.items()), __version__,
+                         tvm.__version__]).encode())
     for entry, g in sorted(graphs.items()):
         h.update(entry.encode())
         h.update(print_graph(g).encode())

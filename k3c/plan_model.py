@@ -62,6 +62,7 @@ class Profile:
     head: Cost        # the LM head (split over tp with "vocab", else replicated)
     final: Cost       # final norm and AttnRes mix: replicated, on the last stage
     item: int         # bytes of an activation element (the model's compute dtype)
+    experts_mxfp4: bool = False  # routed experts stored as MXFP4 codes (their GEMMs at the FP4 rate)
 
     def state_per_seq(self, context: int) -> float:
         """Bytes of the state of one sequence at `context` tokens, over all layers."""
@@ -121,4 +122,5 @@ def profile(model: torch.nn.Module, name: str = "") -> Profile:
         else:  # a fixed-size entry without a head axis: every tp rank keeps it whole
             lay.fixed += nbytes
     item = next(t for k, t in whole.items() if k.endswith("embed_tokens.weight")).element_size()
-    return Profile(name, cfg, layers, embed, head, final, item)
+    mxfp4 = any(_ROUTED.search(k) and k.endswith("_packed") for k in whole)
+    return Profile(name, cfg, layers, embed, head, final, item, mxfp4)

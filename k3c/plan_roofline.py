@@ -19,6 +19,7 @@ sequences go as pp micro-batches, b = ceil(N / (dp pp))):
     comm   = the bytes the rank sends (tp all-reduces of each mixer and MLP output, the routed
              experts' combine, the hidden state and the AttnRes bank between stages).
     time   = max(bytes / HBM, flops_bf16 / peak_bf16 + flops_experts / peak_fp4) + comm / link
+             (MXFP4 experts at the FP4 peak, or FP8 where there is none; BF16 experts at BF16)
              (one NVLink direction: a rank sends and receives at once).
     decode tokens/s per user = 1 / (pp x the slowest stage's time); per GPU = N x that / world.
 Prefill: the dp copy's sequences of L tokens in one pass (weights once, causal MLA over L / 2
@@ -177,7 +178,8 @@ def stage_time(p: Profile, mesh: DeployMesh, dev: Device, stage: int, seqs: int,
         rows = seqs if prefill else n  # prefill needs the logits of each sequence's last token only
         flops += 2 * rows * (p.head.macs / vocab + p.final.macs)
     sent = n * sum(v["bytes"] for v in comm_per_token(p, mesh, stage, combine).values())
-    hbm, compute = nbytes / dev.hbm_bytes_per_s, flops / dev.bf16_flops + fexp / dev.expert_flops
+    peak_experts = dev.expert_flops if p.experts_mxfp4 else dev.bf16_flops  # BF16 experts: the BF16 rate
+    hbm, compute = nbytes / dev.hbm_bytes_per_s, flops / dev.bf16_flops + fexp / peak_experts
     link = sent / dev.send_bytes_per_s
     return {"bytes": nbytes, "flops": flops, "expert_flops": fexp, "sent_bytes": sent,
             "experts_touched": share, "moe_tokens": mesh.dp * n, "top_k": p.config.top_k,

@@ -34,7 +34,9 @@ def test_state_per_sequence_from_the_spec(k3):
     assert k3.state_per_seq(L) == k3_expected
     # the recurrent state alone: the ~434 MB of the published ~467 MB (which adds the conv tails)
     assert sum(lay.recurrent for lay in k3.layers) == 69 * 96 * 128 * 128 * 4
+    assert k3.experts_mxfp4
     kl = profile(_release("kimi-linear", None), "kimi-linear")
+    assert not kl.experts_mxfp4  # Kimi Linear ships BF16 experts
     assert kl.state_per_seq(L) == 20 * 32 * 128 * 128 * 4 + 20 * 3 * 32 * 128 * 3 * 2 + 7 * (512 + 64) * 2 * L
     # --state-dtype bf16 halves the recurrent state only
     p = plan("kimi-linear", "tp=1", context=L, state_dtype="bf16", model=_release("kimi-linear", None))
@@ -70,7 +72,8 @@ def _tiny_profile() -> Profile:
                           num_shared_experts=0, vocab_size=1000, attn_res_block_size=None,
                           kda_heads=1, kda_head_dim=2)
     layer = Layer(0, "kda", split=Cost(1e9, 5e8), replicated=Cost(1e8, 0.0), routed=Cost(4e9, 1e8), recurrent=1e6)
-    return Profile("hand", cfg, [layer], embed=Cost(1e6, 0.0), head=Cost(2e8, 1e8), final=Cost(), item=2)
+    return Profile("hand", cfg, [layer], embed=Cost(1e6, 0.0), head=Cost(2e8, 1e8), final=Cost(), item=2,
+                   experts_mxfp4=True)
 
 
 def test_roofline_on_a_hand_checked_case():
@@ -85,6 +88,8 @@ def test_roofline_on_a_hand_checked_case():
     # flops: 2 tokens x 2 x (5e8 + head 1e8) + KDA 7 K V a token; experts 2 tokens x 2 picks x 2 x 1e8
     assert e["decode_step"]["flops"] == pytest.approx(2 * 2 * 6e8 + 2 * 7 * 2 * 2)
     assert e["decode_step"]["expert_flops"] == pytest.approx(8e8)
+    # the dense FLOPs at the BF16 peak, the MXFP4 experts' at the FP4 peak
+    assert e["decode_step"]["compute_s"] == pytest.approx((2.4e9 + 56) / 1e15 + 8e8 / 2e15)
     step = max(nbytes / 1e12, 2.4e9 / 1e15 + 8e8 / 2e15)
     assert e["decode_tokens_per_s_per_user"] == pytest.approx(1 / step)
     assert e["decode_tokens_per_s_per_gpu"] == pytest.approx(2 / step)

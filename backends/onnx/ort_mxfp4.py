@@ -41,8 +41,8 @@ DequantizeLinear (t * 2^(e - 128), exact) and one batched MatMul per projection.
 MatMulNBits nodes a layer (k3-small), most on zero rows, cost more than the four nodes of the
 gathered form: 3.10 ms against 1.88 ms for k3-small's twelve gate/up projections at B = 1,
 while at B = 8 they are faster (20.2 ms against 25.2 ms; README.md has the measurements).
-onnxruntime's MatMulNBits with the gathered 4-bit codes as a run-time input re-packs them on
-every call (197 ms there), and its 8-bit kernel with float32 activations dequantizes the whole
+onnxruntime's MatMulNBits takes the gathered 4-bit codes as a run-time input but was 100x
+slower so (197 ms there), and its 8-bit kernel with float32 activations dequantizes the whole
 weight per call.
 """
 

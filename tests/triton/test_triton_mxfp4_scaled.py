@@ -105,6 +105,9 @@ def test_the_activation_quantizer_is_ocp_mxfp8():
         assert torch.equal(got_scale, want_scale), (got_scale, want_scale)
         got = e4m3_from_bits(codes.cpu()).float()
         assert torch.equal(got, values), (got - values).abs().max()
+    x[0, 3], x[1, 40] = float("inf"), float("nan")  # nothing non-finite turns finite
+    codes, scales = mxfp8_quantize(*on_device(x))
+    assert scales[0, 0] == 255 and scales[0, 1] != 255 and codes[1, 40] & 0x7F == 0x7F
 
 
 def test_gate_up_on_mxfp8_activations():

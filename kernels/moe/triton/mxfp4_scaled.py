@@ -49,8 +49,9 @@ def _mxfp8(x):
 
     OCP MX v1.0: the group's scale is 2^(floor(log2 max|x|) - 8) (8 = E4M3's largest exponent),
     elements x / scale round to the nearest E4M3 value (ties to even) and saturate at +-448. A
-    group of zeros gets byte 0; a group holding inf or NaN gets the NaN scale (255). Built from
-    the float32 bits, so the GPU and the interpreter round the same way.
+    group of zeros gets byte 0, a group holding an inf the NaN scale (255), a NaN element the
+    NaN code (0x7F): nothing non-finite turns finite. Built from the float32 bits, so the GPU and
+    the interpreter round the same way.
     """
     R: tl.constexpr = x.shape[0]
     C: tl.constexpr = x.shape[1]

@@ -107,7 +107,8 @@ def _tensor_cores(ttir: str, ptx: str, cubin: Path, target: Target) -> dict:
     kinds = [_dot_kind(m) for m in TTIR_DOT.finditer(ttir)]
     family = next((fam for instr, fam in TENSOR_CORE_PTX if instr in ptx), None)
     mma = sorted(set(MMA_PTX.findall(ptx)))
-    if family == "tcgen05" and all("block_scale" in m for m in mma if m.startswith("tcgen05.mma")):
+    tcgen05 = [m for m in mma if m.startswith("tcgen05.mma")]
+    if family == "tcgen05" and tcgen05 and all("block_scale" in m for m in tcgen05):
         family = "tcgen05.block_scale"
     return {"dots": len(kinds), "dot_kinds": sorted(set(kinds)), "tensor_cores": family, "mma": mma,
             "tensor_core_sass": None}

@@ -120,6 +120,8 @@ class Fields:
         if isinstance(value, int) and not isinstance(value, bool):
             return self.integer(value, field)
         text = self.text(value, field)
+        if text in symbols:  # most dims are a bare name: no parse needed
+            return symbols[text]
         try:
             d = D.parse(text, symbols)
         except (ValueError, TypeError, ArithmeticError) as err:

@@ -34,6 +34,21 @@ class ReferenceRunner:
         return interpret(self.entries[entry], *inputs)
 
 
+def entry_names(out_dir: Path) -> list[str]:
+    """The entries of a verified reference artifact: plain names of folders whose graph the
+    manifest lists (never a path such as "../other/decode")."""
+    manifest = verify(out_dir, "reference")
+    f = Fields(out_dir / MANIFEST)
+    f.version(manifest, FORMAT)
+    names = f.names(manifest.get("entries"), "entries")
+    if not names:
+        f.fail("entries", "lists no entry")
+    for e in names:
+        f.dim_name(e, "entries")
+        listed(out_dir, manifest, f"{e}/graph.k3c", "entries")
+    return names
+
+
 class ReferenceBackend:
     """`compute`: None computes in the model's own dtypes, as eager does; "f32" computes a
     BF16 model in float32 from its stored weights (the compute-dtype pass)."""
@@ -61,16 +76,8 @@ class ReferenceBackend:
 
     def load(self, out_dir: Path) -> ReferenceRunner:
         out_dir = Path(out_dir)
-        manifest = verify(out_dir, self.name)
-        f = Fields(out_dir / MANIFEST)
-        f.version(manifest, FORMAT)
-        names = f.names(manifest.get("entries"), "entries")
-        if not names:
-            f.fail("entries", "lists no entry")
         entries = {}
-        for e in names:
-            f.dim_name(e, "entries")  # a folder of this artifact, never a path ("../other/decode")
-            listed(out_dir, manifest, f"{e}/graph.k3c", "entries")
+        for e in entry_names(out_dir):
             try:
                 entries[e] = load(out_dir / e)
             except K3cError:

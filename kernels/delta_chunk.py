@@ -256,7 +256,7 @@ def unit_lower_inverse_(L: Tensor, block: int = 8) -> Tensor:
     diag.copy_(T_diag.movedim(-3, -1))
     for p in range(1, nb):
         rows, done = slice(p * block, (p + 1) * block), slice(0, p * block)
-        L[..., rows, done] = -T_diag[..., p, :, :] @ (L[..., rows, done] @ L[..., done, done])
+        L[..., rows, done] = -causal_matmul(T_diag[..., p, :, :], L[..., rows, done] @ L[..., done, done])
     return L
 
 

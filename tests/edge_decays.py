@@ -59,6 +59,12 @@ def edge_case(edge: str, gate: str = "channel", B: int = 1, T: int = 64, H: int 
     return EdgeCase(q, k, v, g, beta, state)
 
 
+def one_step_case(gate: str = "channel") -> EdgeCase:
+    """T = 1: the step of g = -70 of "one-step" alone."""
+    x = edge_case("one-step", gate, T=6)
+    return EdgeCase(x.q[:, 5:6], x.k[:, 5:6], x.v[:, 5:6], x.g[:, 5:6], x.beta[:, 5:6], x.state)
+
+
 def recurrence_f64(q, k, v, g, beta, scale: float, S0=None):
     """The delta rule token by token in float64: S = exp(g_t) S (g per channel [B, T, H, K] or
     per head [B, T, H]); S += beta_t k_t (v_t - k_t^T S)^T; o_t = scale q_t^T S.
@@ -77,10 +83,10 @@ def recurrence_f64(q, k, v, g, beta, scale: float, S0=None):
     return torch.stack(o, 1), S
 
 
-def check_edge(o: torch.Tensor, S: torch.Tensor, x: EdgeCase, what: str) -> None:
+def check_edge(o: torch.Tensor, S: torch.Tensor, x: EdgeCase, what: str, scale: float = SCALE) -> None:
     """o and S (fp32) against the float64 recurrence, at the fp32 row of the tolerance table."""
     from k3c.numerics import assert_close
 
-    o_ref, S_ref = recurrence_f64(*x.args()[:5], SCALE, x.state)
+    o_ref, S_ref = recurrence_f64(*x.args()[:5], scale, x.state)
     assert_close(o.double(), o_ref, dtype=torch.float32, what=f"{what} output")
     assert_close(S.double(), S_ref, dtype=torch.float32, what=f"{what} final state")

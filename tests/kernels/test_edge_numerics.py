@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from edge_decays import EDGES, SCALE, check_edge, edge_case, recurrence_f64
+from edge_decays import EDGES, SCALE, check_edge, edge_case, one_step_case, recurrence_f64
 
 from k3c.kernels import gated_delta_rule, kda
 from k3c.kernels.kda import naive_recurrent_kda
@@ -26,8 +26,7 @@ def test_chunked_exact_at_the_edges(edge, gate, C):
 
 def test_one_step_of_minus_70():
     """A single step of g = -70 (T = 1): the decayed state and the write, exactly."""
-    x = edge_case("one-step", "channel", T=6)
-    x = type(x)(*(t[:, 5:6] if t.dim() > 3 or t is x.beta else t for t in x.args()[:5]), x.state)
+    x = one_step_case()
     assert (x.g == -70).all()
     o, S = kda(*x.args()[:5], scale=SCALE, initial_state=x.state, chunk_size=64)
     check_edge(o, S, x, "one step of g = -70")

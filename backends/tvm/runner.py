@@ -4,14 +4,16 @@
     outputs = runner.run("prefill", input_ids)  # torch tensors, in the manifest's order
 
 Inputs are checked against the manifest first (count, dtype, rank, dims consistent across
-inputs, embedding ids in range), so a misfit is one line naming the input rather than an error
-from inside the VM. The device and the VM come up on the first run, so a `cuda` artifact can be
-built and loaded on a machine without a GPU; running it there says so.
+inputs; ids, positions and lengths against what the entry indexes, backends/contract.py), so a
+misfit is one line naming the input rather than an error, or a write past a cache, inside the
+VM. The manifest is data: every field is checked when the runner starts (a ManifestError names
+the field), and its dims are parsed by k3c's bounded parser. The device and the VM come up on
+the first run, so a `cuda` artifact can be built and loaded on a machine without a GPU;
+running it there says so.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,18 +24,19 @@ import tvm
 from safetensors.torch import load_file
 from tvm import relax
 
-from ...errors import ArtifactError, InputError
-from ...ir import dims as D
+from ...errors import ArtifactError, InputError, UsageError
 from ..artifact import verify
-from ..contract import check_nonpositive, value_range
+from ..contract import check_limits, check_nonpositive
+from ..manifest import Fields, evaluate, symbols
 from .build import FORMAT
+from .target import KINDS
 
 DTYPES = {"f64": torch.float64, "f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16,
           "i64": torch.int64, "i32": torch.int32, "i8": torch.int8, "u8": torch.uint8, "bool": torch.bool}
 
 
 def _fmt(spec: dict) -> str:
-    return f"{spec['dtype']}[{', '.join(spec['shape'])}]"
+    return f"{spec['dtype']}[{', '.join(str(d) for d in spec['shape'])}]"
 
 
 @dataclass
@@ -44,8 +47,9 @@ class Entry:
     inputs: list[dict]
     outputs: list[dict]
     dims: dict
-    id_bounds: dict
+    limits: dict
     nonpositive: list
+    shapes: list  # of each input: ints and sympy expressions, parsed from the manifest
 
     @property
     def input_names(self) -> list[str]:
@@ -74,18 +78,12 @@ class TvmRunner:
         for f in ("lib.so", "weights.safetensors", "manifest.json"):
             if not (self.out_dir / f).exists():
                 raise ArtifactError(f"{self.out_dir} is not a TVM artifact: {f} is missing")
-        verify(self.out_dir, "tvm")  # a truncated lib.so would be mapped and crash the process (SIGBUS)
-        self.manifest = json.loads((self.out_dir / "manifest.json").read_text())
-        if self.manifest.get("format") != FORMAT:
-            raise ValueError(f"{self.out_dir}/manifest.json: format {self.manifest.get('format')!r}, "
-                             f"expected {FORMAT!r}")
-        self.target = self.manifest["target"]
-        self.entries = {e: Entry(e, m["inputs"], m["outputs"], m["dims"], m["id_bounds"], m.get("nonpositive", []))
-                        for e, m in self.manifest["entries"].items()}
+        # a truncated lib.so would be mapped and crash the process (SIGBUS): it must be listed and whole
+        self.manifest = verify(self.out_dir, "tvm", uses=("lib.so", "weights.safetensors"))
+        self.target, self.entries = _read(self.manifest, self.out_dir / "manifest.json")
         self._vm = None
         self._params = None
         self._device = None
-        self._parsed: dict[str, list] = {}
 
     # ---- start up ------------------------------------------------------------------
     def _start(self) -> None:
@@ -99,51 +97,35 @@ class TvmRunner:
         tensors = load_file(str(self.out_dir / "weights.safetensors"))
         missing = [w for w in self.manifest["weights"] if w not in tensors]
         if missing:
-            raise ValueError(f"{self.out_dir}/weights.safetensors lacks {missing[:4]}")
+            raise ArtifactError(f"{self.out_dir}/weights.safetensors lacks {missing[:4]}")
         weights = [_on(tensors[w], dev) for w in self.manifest["weights"]]
         self._params = list(vm["transform_params"](weights)) if weights else []
         self._vm, self._device = vm, dev
 
     # ---- running -------------------------------------------------------------------
-    def _shapes(self, entry: str) -> list[list]:
-        """The input shapes of an entry as dims (ints and sympy expressions), parsed once."""
-        if entry not in self._parsed:
-            e = self.entries[entry]
-            symbols = {n: D.sym(n) for n in e.dims}
-            self._parsed[entry] = [[D.parse(text, symbols) for text in spec["shape"]] for spec in e.inputs]
-        return self._parsed[entry]
-
     def check_inputs(self, entry: str, inputs) -> None:
         """Raise InputError naming the first input that does not fit `entry`."""
         e = self.entries[entry]
         if len(inputs) != len(e.inputs):
             raise InputError(f"{entry} takes {len(e.inputs)} inputs ({', '.join(e.input_names)}), got {len(inputs)}")
-        shapes = self._shapes(entry)
         env: dict[str, int] = {}
-        for spec, shape, x in zip(e.inputs, shapes, inputs):
+        for spec, shape, x in zip(e.inputs, e.shapes, inputs):
             if not isinstance(x, torch.Tensor) or x.dtype != DTYPES[spec["dtype"]] or x.dim() != len(shape):
                 got = f"{x.dtype} {list(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
                 raise InputError(f"input {spec['name']!r}: expected {_fmt(spec)}, got {got}")
             for axis, d in enumerate(shape):
                 if isinstance(d, sympy.Symbol):
                     env.setdefault(d.name, int(x.shape[axis]))
-        for spec, shape, x in zip(e.inputs, shapes, inputs):
+        for spec, shape, x in zip(e.inputs, e.shapes, inputs):
             for axis, d in enumerate(shape):
-                if isinstance(d, int):
-                    expected = d
-                else:
-                    expected = env[d.name] if isinstance(d, sympy.Symbol) else D.evaluate(d, env)
+                expected = evaluate(d, env, f"{entry} input {spec['name']!r} dim {axis}")
                 if int(x.shape[axis]) != expected:
                     raise InputError(f"input {spec['name']!r}: expected {_fmt(spec)}, got {list(x.shape)} "
                                      f"(dim {axis} is {x.shape[axis]}, expected {expected})")
         for n, (lo, hi) in e.dims.items():
             if n in env and (env[n] < lo or (hi is not None and env[n] > hi)):
                 raise InputError(f"dim {n} = {env[n]} is outside its range [{lo}, {hi if hi is not None else 'inf'}]")
-        for name, bound in e.id_bounds.items():
-            x = inputs[e.input_names.index(name)]
-            lo, hi = value_range(x) if x.numel() else (0, 0)
-            if lo < 0 or hi >= bound:
-                raise InputError(f"input {name!r}: ids must lie in [0, {bound}), got [{int(lo)}, {int(hi)}]")
+        check_limits(entry, e.limits, e.input_names, inputs)
         for name in e.nonpositive:
             check_nonpositive(name, inputs[e.input_names.index(name)], "TVM")
 
@@ -156,13 +138,54 @@ class TvmRunner:
 
     def run(self, entry: str, *inputs: torch.Tensor) -> list[torch.Tensor]:
         if entry not in self.entries:
-            raise KeyError(f"no entry {entry!r} in {self.out_dir}; it has {', '.join(self.entries)}")
+            raise UsageError(f"no entry {entry!r} in {self.out_dir}; it has {', '.join(self.entries)}")
         self.check_inputs(entry, inputs)
         if self._vm is None:
             self._start()
         args = [self._to_tvm(x) for x in inputs]
         outs = self._vm[entry](*args, *self._params)
         return [torch.from_dlpack(o).cpu() if self.target == "llvm" else torch.from_numpy(o.numpy()) for o in outs]
+
+
+def _read(manifest: dict, path) -> tuple[str, dict[str, Entry]]:
+    """The target and entries of a TVM manifest, every field the runner uses checked."""
+    f = Fields(path)
+    f.obj(manifest, "", keys=("format", "target", "weights", "entries"))
+    f.version(manifest, FORMAT)
+    target = f.text(manifest["target"], "target", choices=KINDS)
+    f.names(manifest["weights"], "weights")
+    recorded = f.obj(manifest.get("limits", {}), "limits")
+    entries = {}
+    for name, m in f.obj(manifest["entries"], "entries").items():
+        where = f"entries.{f.dim_name(name, 'entries key')}"
+        m = f.obj(m, where, keys=("dims", "inputs", "outputs", "id_bounds"))
+        dims = f.dims(m["dims"], f"{where}.dims")
+        inputs, shapes = f.seq(m["inputs"], f"{where}.inputs"), []
+        for i, spec in enumerate(inputs):
+            at = f"{where}.inputs[{i}]"
+            f.obj(spec, at, keys=("name", "dtype", "shape"))
+            f.text(spec["name"], f"{at}.name")
+            f.text(spec["dtype"], f"{at}.dtype", choices=tuple(DTYPES))
+            shapes.append(f.shape(spec["shape"], f"{at}.shape", symbols(dims)))
+        names = f.names([s["name"] for s in inputs], f"{where}.inputs names")
+        ranks = {n: len(sh) for n, sh in zip(names, shapes)}
+        outputs = f.seq(m["outputs"], f"{where}.outputs")
+        for i, spec in enumerate(outputs):
+            f.text(f.obj(spec, f"{where}.outputs[{i}]", keys=("name",))["name"], f"{where}.outputs[{i}].name")
+        if name in recorded:
+            limits = f.limits(recorded[name], f"limits.{name}", ranks)
+        elif "positions" in ranks or "lengths" in ranks:
+            f.fail("limits", f"records nothing for {name!r}, whose positions or lengths index its caches "
+                   f"(compile the artifact again)")
+        else:
+            limits = f.limits({"ids": m["id_bounds"]}, f"{where}.id_bounds", ranks)
+        nonpositive = f.names(m.get("nonpositive", []), f"{where}.nonpositive")
+        if set(nonpositive) - set(names):
+            f.fail(f"{where}.nonpositive", "names an input the entry does not have")
+        entries[name] = Entry(name, inputs, outputs, dims, limits, nonpositive, shapes)
+    if not entries:
+        f.fail("entries", "lists no entry")
+    return target, entries
 
 
 def _on(t: torch.Tensor, dev):

@@ -18,7 +18,7 @@ from k3c.backends.onnx.runner import check_inputs as onnx_check
 from k3c.backends.reference import entry_names
 from k3c.errors import K3cError
 
-BACKENDS = ("reference", "onnx")
+BACKENDS = ("reference", "onnx", "tvm")
 PAYLOADS = ["T+__import__('os').system('false')", "10**10**10", "((T**8)**8)**8", "(B+T+1)**8*(B+T+2)**8",
             "../x", "/etc/passwd", "a/../../b", "Mod(T, 0)", "T/(B-B)", "ceiling(T/0)", "B*T", "T", "99",
             "k3c-onnx", "k3c-tvm/1", "k3c-reference/1", "", "\x00", "x" * 300, "lib.so", "weights.bin"]

@@ -231,6 +231,9 @@ def diff(model: torch.nn.Module, backends: list[str], *, seq_len: int = 130, bat
         raise UsageError(f"seq_len {seq_len}, batch {batch} must be >= 1 and decode_steps {decode_steps} >= 0")
     say = progress or (lambda msg: None)
     name = getattr(model, "name", type(model).__name__)
+    if compute == "bf16" and not low_precision(model):  # before the slow capture
+        raise UsageError(f"--compute bf16 rounds the GEMM operands a model holds in BF16, and {name} holds "
+                         "none: build it in its release precision (--dtype bf16)")
     tokens = batch * (seq_len + decode_steps)  # eager's logits in float32 and its yardstick's in float64, at least
     check_fits(f"diff: batch {batch} x {seq_len + decode_steps} tokens of {model.config.vocab_size} logits",
                tokens * model.config.vocab_size * 12, UsageError)
@@ -247,9 +250,6 @@ def diff(model: torch.nn.Module, backends: list[str], *, seq_len: int = 130, bat
     if compute is None and low_precision(model):
         compute = "f32"
     if compute == "bf16":
-        if not low_precision(model):
-            raise UsageError(f"--compute bf16 rounds the GEMM operands a model holds in BF16, and {name} holds "
-                             "none: build it in its release precision (--dtype bf16)")
         say("measuring the BF16 policy against fp32 compute")
         from .precision_check import compare_policies
 

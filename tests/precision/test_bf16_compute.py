@@ -126,3 +126,22 @@ def test_greedy_agreement_counts_positions_and_the_first_difference():
     assert agreement([5, 6, 7, 8], [5, 6, 7, 8]) == (4, None)
     assert agreement([5, 6, 7, 8], [5, 9, 7, 8]) == (3, 1)
     assert agreement([1, 2, 3], [4, 2, 3]) == (2, 0)
+
+
+@pytest.mark.parametrize("command", ["compile", "diff", "bench"])
+def test_cli_takes_the_policy(command):
+    from k3c.cli import build_parser
+
+    base = {"compile": ["--backend", "reference"], "diff": ["--backends", "reference"],
+            "bench": ["--backends", "reference"]}[command]
+    args = build_parser().parse_args([command, "--model", "k3-tiny", *base, "--dtype", "bf16", "--compute", "bf16"])
+    assert args.compute == "bf16"
+    assert build_parser().parse_args([command, "--model", "k3-tiny", *base]).compute is None  # each backend's own
+
+
+def test_diff_refuses_bf16_compute_of_a_float32_model(capsys):
+    from k3c.cli import main
+
+    assert main(["diff", "--model", "kimi-linear-tiny", "--backends", "reference", "--compute", "bf16"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--dtype bf16" in err

@@ -4,8 +4,11 @@ Three kernels, each over (chunk, batch * head) programs, write what `chunk_prepa
 (k3c.ir.ops.chunked) returns, in chunk layout [B, H, NC, C, ...] fp32, T padded to NC * C
 with zero rows (k = v = g = beta = 0 there, so nothing leaks into the state):
 
-  chunk_decay_kernel    G = cumsum(g) in the chunk; q exp(G), k exp(G_last - G), exp(G_last),
-                        and beta k exp(G) for the WY transform
+  chunk_decay_kernel    G = cumsum(g) in the chunk, kept in float64: every decay between two
+                        tokens is a difference of G, which in float32 cancels after a strong
+                        decay earlier in the chunk (|G| ~ 1e3: an error of ulp(|G|), 6e-5),
+                        while in float64 it is exact to float32; q exp(G), k exp(G_last - G),
+                        exp(G_last), and beta k exp(G) for the WY transform
   chunk_scores_kernel   the masked, decayed scores of the chunk:
                           L[i, j]   = beta_i sum_d k_i k_j exp(G_i - G_j)     j < i
                           Aqk[i, j] = sum_d q_i k_j exp(G_i - G_j)            j <= i
@@ -46,7 +49,7 @@ def chunk_decay_kernel(q, k, g, beta, G, q_decayed, k_decayed, kbg, decay_last,
     m_tk = m_t[:, None] & m_k[None, :]
 
     p_g = g + i_b * s_gb + o_t[:, None] * s_gt + i_h * s_gh + o_k[None, :] * s_gk
-    b_g = tl.load(p_g, mask=m_tk, other=0.).to(tl.float32)
+    b_g = tl.load(p_g, mask=m_tk, other=0.).to(tl.float64)
     b_G = tl.cumsum(b_g, axis=0)
     b_Glast = tl.sum(b_g, axis=0)  # padded rows add 0: the last row of G
 
@@ -56,12 +59,12 @@ def chunk_decay_kernel(q, k, g, beta, G, q_decayed, k_decayed, kbg, decay_last,
     b_beta = tl.load(beta + i_b * s_bb + o_t * s_bt + i_h * s_bh, mask=m_t, other=0.).to(tl.float32)
 
     p_out = ((i_bh * NC + i_n) * C + o_c[:, None]) * K + o_k[None, :]
-    b_eG = tl.exp(b_G)
+    b_eG = tl.exp(b_G.to(tl.float32))
     tl.store(G + p_out, b_G, mask=m_k[None, :])
     tl.store(q_decayed + p_out, b_q * b_eG, mask=m_k[None, :])
-    tl.store(k_decayed + p_out, b_k * tl.exp(b_Glast[None, :] - b_G), mask=m_k[None, :])
+    tl.store(k_decayed + p_out, b_k * tl.exp((b_Glast[None, :] - b_G).to(tl.float32)), mask=m_k[None, :])
     tl.store(kbg + p_out, b_beta[:, None] * b_k * b_eG, mask=m_k[None, :])
-    tl.store(decay_last + (i_bh * NC + i_n) * K + o_k, tl.exp(b_Glast), mask=m_k)
+    tl.store(decay_last + (i_bh * NC + i_n) * K + o_k, tl.exp(b_Glast.to(tl.float32)), mask=m_k)
 
 
 @autotune(configs=[triton.Config({"BK": 32}, num_warps=4), triton.Config({"BK": 16}, num_warps=4),
@@ -99,16 +102,17 @@ def chunk_scores_kernel(q, k, G, beta, L, Aqk, s_bb, s_bt, s_bh, T, NC, H: tl.co
         b_k = tl.load(k + p_r, mask=m_tr[:, None] & m_k[None, :], other=0.).to(tl.float32)
         b_G = tl.load(p_Gc + o_r[:, None] * K + o_k[None, :], mask=m_k[None, :], other=0.)
         b_Gm = tl.load(p_Gc + m * K + o_k, mask=m_k, other=0.)
-        b_e = tl.exp(b_G - b_Gm[None, :])  # i >= m
+        b_e = tl.exp((b_G - b_Gm[None, :]).to(tl.float32))  # i >= m; G is float64
         p_c = (i_b * T + o_tc[:, None]) * H * K + i_h * K + o_k[None, :]
         b_kc = tl.load(k + p_c, mask=(m_tc & (o_c < m))[:, None] & m_k[None, :], other=0.).to(tl.float32)
         b_Gc = tl.load(p_Gc + o_c[:, None] * K + o_k[None, :], mask=(o_c < m)[:, None] & m_k[None, :], other=0.)
-        b_kt = tl.trans(b_kc * tl.exp(tl.minimum(b_Gm[None, :] - b_Gc, 0.)))  # j < m; zero rows from m on
+        b_kt = tl.trans(b_kc * tl.exp(tl.minimum((b_Gm[None, :] - b_Gc).to(tl.float32), 0.)))  # j < m; 0 from m on
         b_Aqk += tl.dot(b_q * b_e, b_kt, input_precision=PREC)
         b_Akk += tl.dot(b_k * b_e, b_kt, input_precision=PREC)
         # The diagonal block pairwise, [BC, BC, BK] at once: exp(G_i - G_j) with j > i masked to
         # -inf before the exp, so every factor formed is <= 1
-        b_Gij = tl.where((o_d[:, None] >= o_d[None, :])[:, :, None], b_G[:, None, :] - b_G[None, :, :], float("-inf"))
+        b_Gij = tl.where((o_d[:, None] >= o_d[None, :])[:, :, None],
+                         (b_G[:, None, :] - b_G[None, :, :]).to(tl.float32), float("-inf"))
         b_kj = tl.exp(b_Gij) * b_k[None, :, :]
         b_Aqk_d += tl.sum(b_q[:, None, :] * b_kj, axis=2)
         b_Akk_d += tl.sum(b_k[:, None, :] * b_kj, axis=2)
@@ -200,7 +204,8 @@ def chunk_prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch
     gv = _gate_view(g, gate, q)
     bv = beta.contiguous() if beta is not None else q.new_ones(1, dtype=torch.float32).expand(B, T, H)
     f32 = dict(dtype=torch.float32, device=q.device)
-    G, q_dec, k_dec, kbg = (torch.empty(B, H, NC, C, K, **f32) for _ in range(4))
+    G = torch.empty(B, H, NC, C, K, dtype=torch.float64, device=q.device)  # cumulative gates
+    q_dec, k_dec, kbg = (torch.empty(B, H, NC, C, K, **f32) for _ in range(3))
     decay = torch.empty(B, H, NC, K, **f32)
     BK = min(block(K), 64)
     chunk_decay_kernel[(NC, triton.cdiv(K, BK), B * H)](

@@ -16,6 +16,9 @@ of the computation (how much it amplifies a relative change of its inputs).
   measured, as the distance between the eager model in its dtype and the same model in
   float64 (`noise`), and a backend may differ from eager by `MODEL_SAFETY_*` times that, and
   never by less than the dtype's row (see model_tolerance for why that floor is needed).
+- `BF16_COMPUTE`: a backend under the BF16 compute policy against the eager policy, whole
+  model, on one routing (measured like model_tolerance's noise; its comment says what it
+  cannot tell apart).
 - `elementwise_off`: an elementwise op given the reference's own inputs (the bisection): each
   element within `ELEMENTWISE_ULPS` u of the reference, in relative terms.
 """

@@ -17,7 +17,7 @@ import numpy as np
 import sympy
 import torch
 
-from ...errors import InputError, UsageError
+from ...errors import ArtifactError, InputError, UsageError
 from ..artifact import listed, verify
 from ..contract import check_limits
 from ..manifest import evaluate
@@ -100,8 +100,23 @@ class OnnxRunner:
                 # spinning made a k3-small decode step 2x slower; on an idle one it changes little
                 opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
             path = self.out_dir / self.manifest["entries"][entry]["file"]
+            self._check_external_data(path)
             self._sessions[entry] = ort.InferenceSession(str(path), opts, providers=self.providers)
         return self._sessions[entry]
+
+    def _check_external_data(self, path: Path) -> None:
+        """Every tensor an entry keeps outside its file lies in a file the manifest lists (so
+        checked), never elsewhere: onnxruntime would read wherever the model says."""
+        import onnx
+        from onnx.external_data_helper import ExternalDataInfo, _get_all_tensors
+
+        try:
+            model = onnx.load(str(path), load_external_data=False)
+        except Exception as err:  # protobuf's DecodeError and friends: the file is no ONNX model
+            raise ArtifactError(f"{path}: not an ONNX model onnx reads ({type(err).__name__})") from None
+        for t in _get_all_tensors(model):
+            if t.data_location == onnx.TensorProto.EXTERNAL:
+                listed(self.out_dir, self.manifest, ExternalDataInfo(t).location, f"{path.name} tensor {t.name!r}")
 
     def run_numpy(self, entry: str, *inputs: np.ndarray) -> list[np.ndarray]:
         spec = self.manifest["entries"].get(entry)

@@ -104,3 +104,24 @@ def test_the_untouched_copy_loads_and_runs(fresh):
     for backend in ("reference", "onnx"):
         out, _ = fresh(backend)
         assert _load_and_prefill(backend, out)[0].shape[:2] == (1, T)
+
+
+def test_onnx_external_data_outside_the_folder_is_refused(fresh):
+    """A consistent manifest (digests recomputed) cannot vouch for a model whose weights lie
+    elsewhere: onnxruntime would read whatever file the model names."""
+    import onnx
+    from onnx.external_data_helper import _get_all_tensors
+
+    out, _ = fresh("onnx")
+    shutil.copyfile(out / "weights.bin", out.parent / "outside.bin")
+    model = onnx.load(str(out / "prefill.onnx"), load_external_data=False)
+    for t in _get_all_tensors(model):
+        for kv in t.external_data:
+            if kv.key == "location":
+                kv.value = "../outside.bin"
+    onnx.save_model(model, str(out / "prefill.onnx"))
+    data = (out / "prefill.onnx").read_bytes()
+    edit_manifest(out, lambda m: m["files"].update({"prefill.onnx": {
+        "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}}))
+    with pytest.raises(ManifestError, match=r"prefill\.onnx tensor .*'\.\./outside\.bin'"):
+        _load_and_prefill("onnx", out)

@@ -1,7 +1,8 @@
 """`k3c.capture`: torch.export with dynamic batch and sequence dims -> k3c IR.
 
 Entries of a zoo model: `prefill` (input_ids [B, T] -> logits, state...), `decode`
-(input_ids [B, 1] and the state -> logits, new state) and `forward` (-> logits). Any other
+(input_ids [B, 1] and the state -> logits, new state), `extend` (input_ids [B, T] and the
+state -> logits, new state: T more tokens onto P cached ones) and `forward` (-> logits). Any other
 nn.Module is captured through its `forward`, its inputs named by its parameters, its dynamic
 dims from `dynamic_shapes=` (torch.export's form), `dims=` (named: `{"x": "N _"}`) or the
 default for `[B, T, ...]` modules; the graph's meta says which it took (frontend/dims.py).
@@ -37,9 +38,11 @@ class _Entry(torch.nn.Module):
         super().__init__()
         self.m, self.entry, self.max_context = model, entry, max_context
 
-    def forward(self, input_ids, state=None):
+    def forward(self, input_ids, state=None, lengths=None):
         if self.entry == "decode":
             return self.m.decode(input_ids, state)
+        if self.entry == "extend":  # the serving form takes each row's real tokens too
+            return self.m.extend(input_ids, state, lengths)
         if self.max_context is not None:  # the serving prefill: `state` is the prompts' lengths
             return self.m.prefill(input_ids, lengths=state, max_context=self.max_context)
         return getattr(self.m, self.entry)(input_ids)
@@ -99,18 +102,25 @@ def _serving_spec(model, entry: str, args: tuple, dynamic: bool, max_context: in
     if entry == "decode":
         return (dict(batch), {k: dict(batch) for k in args[1]})
     max_t = _length_bounds(model, max_context)[0]
+    if entry == "extend":
+        return ({**batch, 1: Dim("T", max=max_t)}, {k: dict(batch) for k in args[1]}, dict(batch))
     return ({**batch, 1: Dim("T", max=max_t)}, dict(batch))
 
 
 def _serving_args(model, args: tuple, entry: str, max_context: int) -> tuple:
     """Example inputs of a serving entry: (ids, lengths) for prefill, (ids[:, :1], state) for decode."""
     ids = args[0]
-    if entry == "decode":
+    if entry in ("decode", "extend"):
+        new = ids[:, :1] if entry == "decode" else ids[:, :max(2, min(ids.shape[1], max_context - 3))]
         if len(args) > 1:
-            return (ids[:, :1], args[1])
-        prefix = torch.zeros(ids.shape[0], 3, dtype=ids.dtype, device=ids.device)
-        with torch.no_grad():
-            return (ids[:, :1], model.prefill(prefix, max_context=max_context)[1])
+            state = args[1]
+        else:
+            prefix = torch.zeros(ids.shape[0], 3, dtype=ids.dtype, device=ids.device)
+            with torch.no_grad():
+                state = model.prefill(prefix, max_context=max_context)[1]
+        if entry == "decode":
+            return (new, state)
+        return (new, state, torch.full((ids.shape[0],), new.shape[1], dtype=torch.long))
     lengths = args[1] if len(args) > 1 else torch.full((ids.shape[0],), ids.shape[1], dtype=torch.long)
     return (ids, lengths)
 
@@ -118,13 +128,15 @@ def _serving_args(model, args: tuple, entry: str, max_context: int) -> tuple:
 def _dynamic_spec(model, entry: str, args: tuple, dynamic: bool):
     max_t, max_p = _length_bounds(model)
     P = Dim("P") if max_p is None else Dim("P", max=max_p)
-    if entry == "decode":
+    if entry in ("decode", "extend"):
         # the cache grows by one token a step, so its length stays dynamic even when dynamic=False
         # pins the batch (a decode entry for the example's cache length alone would run one step)
         ids, state = args
         grow = _growing_dims(model, ids) if not ids.is_meta else _meta_growing(state)
         batch = {0: Dim("B")} if dynamic else {}
         st = {k: {**batch, **{i: P for i in grow.get(k, ())}} for k in state}
+        if entry == "extend":  # T new tokens onto P cached ones
+            return ({**batch, 1: Dim("T") if max_t is None else Dim("T", max=max_t - 1)}, st)
         return (dict(batch), st)
     if not dynamic:
         return None
@@ -247,8 +259,8 @@ def capture(model: torch.nn.Module, example_inputs: tuple, dynamic: bool = True,
         example_inputs = (example_inputs,)
     is_lm = hasattr(model, "prefill") and hasattr(model, "decode")
     entry = entry or ("prefill" if is_lm else "forward")
-    if entry not in ("prefill", "decode", "forward"):
-        raise ValueError(f"entry must be 'prefill', 'decode' or 'forward', got {entry!r}")
+    if entry not in ("prefill", "decode", "extend", "forward"):
+        raise ValueError(f"entry must be 'prefill', 'decode', 'extend' or 'forward', got {entry!r}")
     if entry != "forward" and not is_lm:
         raise ValueError(f"entry {entry!r} needs a model with prefill/decode (a k3c.models model)")
     # fresh contiguous copies: a view's strides would tie its dims to the base tensor's
@@ -257,8 +269,8 @@ def capture(model: torch.nn.Module, example_inputs: tuple, dynamic: bool = True,
     serving = max_context is not None and is_lm and entry != "forward"
     if serving:
         args = _serving_args(model, args, entry, max_context)
-    elif entry == "decode" and len(args) == 1:
-        ids = args[0][:, :1]
+    elif entry in ("decode", "extend") and len(args) == 1:
+        ids = args[0][:, :1] if entry == "decode" else args[0]
         args = (ids, _example_decode_state(model, ids) if not ids.is_meta else _meta_state(model, ids))
     wrapper = _Entry(model, entry, max_context if serving else None) if is_lm else model
     if dims is not None and is_lm:
@@ -295,6 +307,8 @@ def capture(model: torch.nn.Module, example_inputs: tuple, dynamic: bool = True,
         in_names = [".".join([arg_names[int(n.split(".")[0])], *n.split(".")[1:]]) for n in in_names]
     if is_lm and serving and entry == "prefill":
         in_names = ["input_ids", "lengths"]
+    elif is_lm and serving and entry == "extend":
+        in_names = ["input_ids"] + [n.split(".", 1)[1] for n in in_names[1:-1]] + ["lengths"]
     elif is_lm:
         in_names = ["input_ids"] + [n.split(".", 1)[1] for n in in_names[1:]]
     out_names = _names(outputs, "output")

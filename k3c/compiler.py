@@ -20,7 +20,7 @@ from .passes.compute_dtype import LOW, POLICIES
 def capture_entries(model: torch.nn.Module, example_inputs: tuple, dynamic: bool = True,
                     max_context: int | None = None, *, dims: dict | None = None,
                     dynamic_shapes=None) -> dict[str, Graph]:
-    """The graphs a backend compiles: prefill and decode for a zoo model, else forward.
+    """The graphs a backend compiles: prefill, decode and extend for a zoo model, else forward.
     `max_context=N`: their serving forms, with fixed-capacity caches of N rows (capture).
     `dims` / `dynamic_shapes`: a module's dynamic dims, named or as torch.export takes them."""
     if hasattr(model, "prefill") and hasattr(model, "decode"):
@@ -28,7 +28,7 @@ def capture_entries(model: torch.nn.Module, example_inputs: tuple, dynamic: bool
             raise UsageError("dims= and dynamic_shapes= name the dims of a module's forward; a zoo model's "
                              "prefill and decode have theirs (B, T, P)")
         return {entry: capture(model, example_inputs, dynamic, entry=entry, max_context=max_context)
-                for entry in ("prefill", "decode")}
+                for entry in ("prefill", "decode", "extend")}
     return {"forward": capture(model, example_inputs, dynamic, dims=dims, dynamic_shapes=dynamic_shapes)}
 
 
@@ -100,16 +100,40 @@ class CompiledModel:
         """The capacity of the fixed caches (None: the artifact's caches grow)."""
         return self.graphs["prefill"].meta.get("max_context") if "prefill" in self.graphs else None
 
-    def prefill(self, input_ids: torch.Tensor, lengths=None,
-                logits: str = "all") -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def prefill(self, input_ids: torch.Tensor, lengths=None, logits: str = "all",
+                chunk: int | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """As the eager model's prefill: `lengths` [B] for right-padded prompts (fixed caches),
-        `logits="last"` the logits of each sequence's last real token, [B, 1, vocab]."""
+        `logits="last"` the logits of each sequence's last real token, [B, 1, vocab];
+        `chunk=N`: a prefill of N tokens and extends of N tokens each, the same result."""
         from .serving import last_logits, prefill_inputs
+
+        if chunk is not None:
+            from .models.extend import check_chunk, prefill_chunked
+
+            if check_chunk(chunk) < input_ids.shape[-1]:
+                prefill_inputs(self, input_ids, lengths, logits)  # the whole call's checks, first
+                return prefill_chunked(lambda ids, n: self.prefill(ids, n), self.extend, input_ids, chunk,
+                                       lengths, logits)
 
         entry, inputs = prefill_inputs(self, input_ids, lengths, logits)
         outs = self.runner.run(entry, *inputs)
         names = [k for k, _ in self.graphs[entry].outputs]
         out = outs[0] if logits == "all" or entry == "prefill_last" else last_logits(outs[0], lengths)
+        return out, dict(zip(names[1:], outs[1:]))
+
+    def extend(self, input_ids: torch.Tensor, state: dict[str, torch.Tensor], lengths=None,
+               logits: str = "all") -> tuple[torch.Tensor, dict]:
+        """As the eager model's extend (models/extend.py): T >= 1 more tokens onto `state`."""
+        from .serving import extend_inputs, last_logits
+
+        if "extend" not in self.graphs:
+            raise UsageError(f"this {self.backend} artifact has no extend entry ({', '.join(self.graphs)}); "
+                             f"compile it again")
+        g = self.graphs["extend"]
+        inputs, lengths = extend_inputs(self, input_ids, state, lengths, logits)
+        outs = self.runner.run("extend", *inputs)
+        names = [k for k, _ in g.outputs]
+        out = outs[0] if logits == "all" else last_logits(outs[0], None if lengths is None else lengths.clamp(min=1))
         return out, dict(zip(names[1:], outs[1:]))
 
     def decode(self, input_ids: torch.Tensor, state: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict]:

@@ -96,6 +96,38 @@ def prefill_inputs(compiled, input_ids: torch.Tensor, lengths, logits: str) -> t
     return entry, [input_ids, lengths]
 
 
+def extend_inputs(compiled, input_ids: torch.Tensor, state: dict, lengths,
+                  logits: str) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+    """The inputs of an extend call of `compiled` (a CompiledModel), and `lengths` checked:
+    ids [B, T >= 1], the state the extend graph takes, each row's real tokens (fixed caches)."""
+    from .compiler import check_state_names
+    from .models.extend import _check_counts
+    from .models.validate import check_input_ids, check_positions
+
+    if logits not in ("all", "last"):
+        raise InputError(f"extend: logits must be 'all' or 'last', got {logits!r}")
+    check_input_ids(input_ids, "extend")
+    B, T = input_ids.shape
+    if T == 0:
+        raise InputError("extend: input_ids holds no token (T = 0)")
+    g = compiled.graphs["extend"]
+    takes_lengths = "lengths" in g.inputs
+    names = [n for n in g.inputs[1:] if n != "lengths"]
+    check_state_names(names, state, compiled.model_name)
+    if lengths is not None and not takes_lengths:
+        raise InputError("extend: lengths= needs an artifact with fixed-capacity caches (compile with "
+                         "max_context=N): a growing cache holds one length for the whole batch")
+    if takes_lengths:
+        lengths = torch.full((B,), T, dtype=torch.long) if lengths is None else _check_counts(lengths, B, T)
+        end = check_positions(state, B, 0, "extend") + T  # every row of the call is written
+        if bool((end > compiled.max_context).any()):
+            b = int((end > compiled.max_context).nonzero()[0])
+            raise InputError(f"extend: sequence {b} holds {int(end[b]) - T} tokens; {T} more rows do not fit "
+                             f"the {compiled.max_context} rows of its caches")
+    inputs = [input_ids] + [state[n] for n in names] + ([lengths] if takes_lengths else [])
+    return inputs, lengths
+
+
 def check_decode_positions(compiled, state: dict, B: int) -> None:
     """A fixed-capacity state's positions: int64 [B], each with room for one more row."""
     if "positions" not in state or compiled.max_context is None:

@@ -96,7 +96,9 @@ class CausalLM(nn.Module):
 
             if check_chunk(chunk) < input_ids.shape[-1]:
                 check_prefill(self, input_ids, lengths, logits, max_context)
-                return prefill_chunked(self, input_ids, chunk, lengths, logits, max_context)
+                return prefill_chunked(
+                    lambda ids, n: self.prefill(ids, lengths=n, max_context=max_context),
+                    lambda ids, state, n: self.extend(ids, state, lengths=n), input_ids, chunk, lengths, logits)
         # an InputError names a bad id, length or capacity, or a length past the model's bound
         lengths = check_prefill(self, input_ids, lengths, logits, max_context)
         if len(inspect.signature(self.step).parameters) < 3:  # a model of its own: step(input_ids, state)

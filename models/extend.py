@@ -91,24 +91,23 @@ def check_chunk(chunk) -> int:
     return chunk
 
 
-def prefill_chunked(model, input_ids: torch.Tensor, chunk: int, lengths=None, logits: str = "all",
-                    max_context: int | None = None) -> tuple[torch.Tensor, dict]:
-    """prefill(ids, lengths, logits, max_context) as a prefill of `chunk` tokens and extends of
-    `chunk` tokens each: the same logits and state."""
+def prefill_chunked(start, more, input_ids: torch.Tensor, chunk: int, lengths=None,
+                    logits: str = "all") -> tuple[torch.Tensor, dict]:
+    """A prefill of `input_ids` (right-padded rows of `lengths` real tokens) as `start(ids,
+    lengths)` of the first `chunk` tokens and `more(ids, state, lengths)` of `chunk` tokens
+    each (an eager model's or a compiled one's prefill and extend, logits "all"): the same
+    logits, all or each row's last, and the same state."""
     check_chunk(chunk)
     B, T = input_ids.shape
     if lengths is not None:
         lengths = torch.as_tensor(lengths).long()
-    first = input_ids[:, :chunk]
     part = None if lengths is None else lengths.clamp(max=chunk)
-    out, state = model.prefill(first, lengths=part, logits="all", max_context=max_context)
-    pieces, last = [out], None
-    if logits == "last":
-        last = _last_of(out, part)
-    for start in range(chunk, T, chunk):
-        ids = input_ids[:, start:start + chunk]
-        part = None if lengths is None else (lengths - start).clamp(min=0, max=ids.shape[1])
-        out, state = extend(model, ids, state, lengths=part, logits="all")
+    out, state = start(input_ids[:, :chunk], part)
+    pieces, last = [out], _last_of(out, part) if logits == "last" else None
+    for at in range(chunk, T, chunk):
+        ids = input_ids[:, at:at + chunk]
+        part = None if lengths is None else (lengths - at).clamp(min=0, max=ids.shape[1])
+        out, state = more(ids, state, part)
         if logits == "last":
             ends_here = torch.ones(B, dtype=torch.bool) if part is None else part > 0
             last = torch.where(ends_here.view(B, 1, 1), _last_of(out, part), last)

@@ -1,5 +1,6 @@
 """The ort flavour's release-precision experts: the exact 8-bit forms of MXFP4 blocks, and
-the decode step's gathered route (int8 codes, blocked DequantizeLinear, one batched MatMul).
+the decode step's choice between the gathered route (int8 codes, blocked DequantizeLinear, one
+batched MatMul) and the sorted one (one MatMulNBits per expert).
 
 Checked against independent definitions: the 8-bit encodings decoded as MatMulNBits' format
 documents it and as ONNX's DequantizeLinear defines it (numpy, and onnx's reference
@@ -90,18 +91,35 @@ def release(tmp_path_factory):
     return model, k3c.compile(model, "onnx", (ids,), out_dir=out, flavour="ort")
 
 
-def test_the_decode_graph_gathers_int8_experts_and_the_prefill_keeps_matmulnbits(release):
-    _, compiled = release
-    ops = {entry: [n.op_type for n in onnx.load(str(compiled.out_dir / f"{entry}.onnx"),
-                                                load_external_data=False).graph.node]
-           for entry in ("prefill", "decode")}
-    assert "MatMulNBits" in ops["prefill"] and "DequantizeLinear" not in ops["prefill"]
-    assert "MatMulNBits" not in ops["decode"]
-    assert ops["decode"].count("DequantizeLinear") == 2  # one MoE layer: gate/up and down
-    assert not any(op.startswith("moe_experts") or op == "mxfp4_decode" for o in ops.values() for op in o)
+def op_types(graph: onnx.GraphProto) -> list[str]:
+    """Every node's op type, inside If branches too."""
+    ops = []
+    for n in graph.node:
+        ops.append(n.op_type)
+        for a in n.attribute:
+            if a.type == onnx.AttributeProto.GRAPH:
+                ops += op_types(a.g)
+    return ops
 
 
-@pytest.mark.parametrize("batch", [1, 3])
+def test_the_decode_graph_chooses_gathered_int8_or_sorted_matmulnbits(release):
+    model, compiled = release
+    E = model.config.num_experts
+    graphs = {entry: onnx.load(str(compiled.out_dir / f"{entry}.onnx"), load_external_data=False).graph
+              for entry in ("prefill", "decode")}
+    prefill, decode = op_types(graphs["prefill"]), op_types(graphs["decode"])
+    assert prefill.count("MatMulNBits") == 2 * E and "DequantizeLinear" not in prefill and "If" not in [
+        n.op_type for n in graphs["prefill"].node]
+    # one MoE layer: an If whose branches are the gathered form (gate/up and down dequantized)
+    # and the sorted one (two MatMulNBits per expert)
+    (branch,) = [n for n in graphs["decode"].node if n.op_type == "If"]
+    forms = {a.name: op_types(a.g) for a in branch.attribute}
+    assert forms["then_branch"].count("DequantizeLinear") == 2 and "MatMulNBits" not in forms["then_branch"]
+    assert forms["else_branch"].count("MatMulNBits") == 2 * E and "DequantizeLinear" not in forms["else_branch"]
+    assert not any(op.startswith("moe_experts") or op == "mxfp4_decode" for op in prefill + decode)
+
+
+@pytest.mark.parametrize("batch", [1, 3])  # k3-tiny: E = 8, k = 2: 2 slots gather, 6 sort
 def test_release_precision_decode_matches_eager_in_fp32(release, batch):
     model, compiled = release
     eager = fp32_copy(model)

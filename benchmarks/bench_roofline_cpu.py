@@ -45,15 +45,16 @@ PRECISIONS = {"fp32": {}, "bf16+mxfp4": {"dtype": torch.bfloat16, "experts": "mx
 # Bytes a weight is held in while a decode step reads it, per (backend, precision, class).
 # onnxruntime's CPU provider has no bf16 MatMul, Gemm, FusedMatMul or MatMulNBits kernel (an
 # InferenceSession refuses each), so a BF16 weight reaches its GEMM through a Cast that
-# onnxruntime folds at session creation: a float32 copy. A decode step of its routed experts
-# gathers the exact int8 blocks of backends/onnx/ort_mxfp4.py (1.125 bytes; the prefill's
-# 4-bit pair for MatMulNBits holds 1.25). TVM widens BF16 weights to float32 at
+# onnxruntime folds at session creation: a float32 copy. A decode step of at most E / 2 slots
+# gathers its routed experts as the exact int8 blocks of backends/onnx/ort_mxfp4.py (1.125
+# bytes), a larger one runs the experts with slots through the 4-bit pair (1.25). TVM widens BF16 weights to float32 at
 # load and decodes MXFP4 codes inside its GEMMs (0.53125 bytes). Portable ONNX decodes every
 # expert's codes on every call.
 MXFP4_BYTES = 17 / 32  # a 4-bit code and a 1-byte scale per 32
 HELD = {
     "fp32": {"dense": 4.0, "experts": 4.0, "experts_read": "routed"},
-    ("onnx:ort", "bf16+mxfp4"): {"dense": 4.0, "experts": 1.125, "experts_read": "routed"},
+    ("onnx:ort", "bf16+mxfp4"): {"dense": 4.0, "experts": 1.125, "experts_read": "routed",
+                                 "experts_past_half": 1.25},
     ("tvm", "bf16+mxfp4"): {"dense": 4.0, "experts": MXFP4_BYTES, "experts_read": "routed"},
     ("onnx", "bf16+mxfp4"): {"dense": 4.0, "experts": MXFP4_BYTES, "experts_read": "all"},
 }
@@ -118,7 +119,8 @@ def decode_bytes(classes: dict, held: dict, state_bytes: int, batch: int) -> flo
     """Bytes one decode step of `batch` tokens reads (see the module docstring)."""
     E, k = classes["experts"], classes["top_k"]
     distinct = E if held["experts_read"] == "all" else E * (1 - (1 - k / E) ** batch)
-    experts = classes["moe_layers"] * distinct * classes["per_expert"] * held["experts"]
+    per_weight = held["experts"] if batch * k <= E / 2 else held.get("experts_past_half", held["experts"])
+    experts = classes["moe_layers"] * distinct * classes["per_expert"] * per_weight
     embed = batch * classes["embed_width"] * held["dense"]
     return classes["dense"] * held["dense"] + experts + embed + batch * state_bytes
 

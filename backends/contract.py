@@ -42,8 +42,9 @@ POSITIONS, LENGTHS = "positions", "lengths"  # the serving inputs' names (k3c/se
 
 def limits(graph: Graph) -> dict:
     """What the integer inputs of `graph` index: {"ids": {input: vocabulary rows},
-    "positions": {input: [capacity, token input]}, "lengths": {input: token input}}; the
-    token input (input_ids [B, T]) gives T, the rows one call adds."""
+    "positions": {input: [capacity, token input]}, "lengths": {input: [least, token input]}};
+    the token input (input_ids [B, T]) gives T, the rows one call adds. A prefill's lengths
+    are at least 1 (its last real row is read), an extend's at least 0 (a row may add nothing)."""
     ids = id_bounds(graph)
     tokens = next(iter(ids), graph.inputs[0] if graph.inputs else None)
     out: dict = {"ids": ids, "positions": {}, "lengths": {}}
@@ -51,7 +52,7 @@ def limits(graph: Graph) -> dict:
     if POSITIONS in graph.inputs and tokens is not None and type(capacity) is int and capacity > 0:
         out["positions"][POSITIONS] = [capacity, tokens]
     if LENGTHS in graph.inputs and tokens is not None:
-        out["lengths"][LENGTHS] = tokens
+        out["lengths"][LENGTHS] = [0 if POSITIONS in graph.inputs else 1, tokens]
     return out
 
 
@@ -83,11 +84,11 @@ def check_limits(entry: str, limits: Mapping, names: Sequence[str], inputs: Sequ
         if r and r[1] + T > capacity:
             raise InputError(f"{entry} input {name!r}: a sequence holds {r[1]} tokens and {T} more do not fit "
                              f"the caches' {capacity} rows (prefill again or compile with a larger max_context)")
-    for name, tokens in limits.get("lengths", {}).items():
+    for name, (least, tokens) in limits.get("lengths", {}).items():
         T, r = int(value(tokens).shape[1]), _range(value(name))
-        if r and (r[0] < 1 or r[1] > T):
-            raise InputError(f"{entry} input {name!r}: length {r[0] if r[0] < 1 else r[1]} is outside [1, {T}] "
-                             f"(T = {T} tokens a row)")
+        if r and (r[0] < least or r[1] > T):
+            raise InputError(f"{entry} input {name!r}: length {r[0] if r[0] < least else r[1]} is outside "
+                             f"[{least}, {T}] (T = {T} tokens a row)")
 
 
 _NUMPY_DTYPES = (torch.float32, torch.float64, torch.float16, torch.int64, torch.int32)

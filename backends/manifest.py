@@ -156,8 +156,11 @@ class Fields:
             if len(self.seq(pair, where)) != 2:
                 self.fail(where, "must be [capacity, token input]")
             out["positions"][name] = [self.integer(pair[0], f"{where}[0]", lo=1), member(pair[1], f"{where}[1]", 2)]
-        for name, tokens in self.obj(v.get("lengths", {}), f"{field}.lengths").items():
-            out["lengths"][member(name, f"{field}.lengths")] = member(tokens, f"{field}.lengths.{name}", 2)
+        for name, pair in self.obj(v.get("lengths", {}), f"{field}.lengths").items():
+            where = f"{field}.lengths.{member(name, f'{field}.lengths')}"
+            if len(self.seq(pair, where)) != 2:
+                self.fail(where, "must be [least, token input]")
+            out["lengths"][name] = [self.integer(pair[0], f"{where}[0]", hi=1), member(pair[1], f"{where}[1]", 2)]
         return out
 
     def version(self, manifest: dict, fmt: str, versions: tuple[int, ...] = (1,)) -> None:

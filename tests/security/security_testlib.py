@@ -47,3 +47,12 @@ def decode_inputs(graphs: dict, position: int, token: int = 0) -> list[torch.Ten
     xs = [torch.tensor([[token]])] + [zeros_like_type(g.types[n]) for n in g.inputs[1:]]
     xs[g.inputs.index("positions")] = torch.tensor([position])
     return xs
+
+
+def extend_inputs(graphs: dict, position: int, length: int) -> list[torch.Tensor]:
+    """The extend entry's inputs: T token ids, zero caches, `positions` and `lengths`."""
+    g = graphs["extend"]
+    xs = [torch.ones(1, T, dtype=torch.long)] + [zeros_like_type(g.types[n]) for n in g.inputs[1:]]
+    xs[g.inputs.index("positions")] = torch.tensor([position])
+    xs[g.inputs.index("lengths")] = torch.tensor([length])
+    return xs

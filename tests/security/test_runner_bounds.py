@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from security_testlib import CAPACITY, T, decode_inputs
+from security_testlib import CAPACITY, T, decode_inputs, extend_inputs
 
 import k3c
 from k3c.errors import InputError
@@ -52,3 +52,13 @@ def test_prefill_lengths_and_ids_are_checked(runner, entry, lengths, ids, words)
     run, _ = runner
     with pytest.raises(InputError, match=words):
         run.run(entry, torch.tensor([ids]), torch.tensor(lengths))
+
+
+def test_extend_leaves_room_for_every_new_row(runner):
+    """extend writes all T rows of a call: positions + T must fit; a row may add no token."""
+    run, graphs = runner
+    with pytest.raises(InputError, match=f"{T} more do not fit"):
+        run.run("extend", *extend_inputs(graphs, CAPACITY - T + 1, T))
+    with pytest.raises(InputError, match=f"length {T + 1} is outside \\[0, {T}\\]"):
+        run.run("extend", *extend_inputs(graphs, 0, T + 1))
+    assert run.run("extend", *extend_inputs(graphs, CAPACITY - T, 0))[0].shape[:2] == (1, T)

@@ -15,10 +15,13 @@ the 1024 x 512 x 3072 GEMM of a user's linear ran 1.4 to 2 times faster so, side
 2-core AVX-512 Xeon. Rows past M read row M - 1 (clamped, so the inner loop has no branch)
 and are not written back; neither are the padding columns.
 
-A decode step's GEMV (rows = 1) of a BF16 weight splits the k loop over `GEMV_SPLIT`
-accumulator sets, summed at the end: with one set, two FMAs per k wait on the two before
-them and the kernel ran at a fraction of the read bandwidth (BENCHMARKS.md). Float32 weights
-keep one set, so an fp32 model computes exactly what it did.
+A decode step (rows = 1) runs one of two loops, chosen by M at run time. One row (M = 1): a
+task per panel; for a BF16 weight the k loop is split over `GEMV_SPLIT` accumulator sets,
+summed at the end (with one set, two FMAs per k wait on the two before them). A batch
+(M > 1): tiles of `DECODE_ROWS` rows, so a panel row is read and widened once for four rows,
+not once a row (3 to 4 times faster at M = 8). Float32 weights keep one accumulator set, and
+every output is then the same k-ordered chain of FMAs in every loop form: an fp32 model
+computes bit for bit what it did.
 
 The loops are written out here (no `s_tir` schedule): a scheduled block with a row predicate
 made LLVM keep the accumulators in memory.
@@ -52,7 +55,7 @@ def packed_linear(K: int, N: int, rows: int, c: int = PANEL, wdtype: str = "floa
     """x [M, K], wp [ceil(N / c), K, c] (`wdtype`) -> y [M, N]; float32 compute, M dynamic."""
     if wdtype not in WEIGHT_DTYPES:
         raise ValueError(f"packed_linear: weight dtype {wdtype!r}; known: {', '.join(WEIGHT_DTYPES)}")
-    if rows == 1 and wdtype != "float32" and K >= GEMV_SPLIT:
+    if rows == 1:
         return _gemv(K, N, c, wdtype)
     P = T.int64((N + c - 1) // c)
     Kc, Nc, cc = T.int64(K), T.int64(N), T.int64(c)
@@ -105,9 +108,10 @@ def _gemv(K: int, N: int, c: int, wdtype: str) -> tirx.PrimFunc:
     """packed_linear of a decode step: one row (M = 1) a task with the k loop over GEMV_SPLIT
     accumulator sets; a batch (M > 1) in tiles of DECODE_ROWS rows, which share each panel
     row read (one row a task read the panel and widened it M times)."""
+    split = GEMV_SPLIT if wdtype != "float32" and K >= GEMV_SPLIT else 1  # float32: k in order, as before
     P = T.int64((N + c - 1) // c)
-    Kc, Nc, cc, S = T.int64(K), T.int64(N), T.int64(c), T.int64(GEMV_SPLIT)
-    Kmain = T.int64(K - K % GEMV_SPLIT)
+    Kc, Nc, cc, S = T.int64(K), T.int64(N), T.int64(c), T.int64(split)
+    Kmain = T.int64(K - K % split)
     ragged = N % c != 0
     tiled = _tiled(P, K, N, c, DECODE_ROWS, wdtype)
 

@@ -109,7 +109,7 @@ def verify(out_dir: str | Path, backend: str, uses: Iterable[str] = ()) -> dict:
     root = out_dir.resolve()
     for name, want in files.items():
         path = out_dir / name
-        if not path.resolve().is_relative_to(root):
+        if not _inside(path, root):
             raise ArtifactError(f"{out_dir}: {name} leads outside the artifact (through a link)")
         if not path.is_file():
             raise ArtifactError(f"{out_dir}: {name} is missing")
@@ -117,9 +117,21 @@ def verify(out_dir: str | Path, backend: str, uses: Iterable[str] = ()) -> dict:
         if size != want["bytes"]:
             raise ArtifactError(f"{out_dir}: {name} has {size} bytes, the manifest says {want['bytes']} "
                                 f"(truncated or replaced)")
-        if _digest(path) != want["sha256"]:
+        try:
+            digest = _digest(path)
+        except OSError as err:
+            raise ArtifactError(f"{out_dir}: cannot read {name} ({err.strerror})") from None
+        if digest != want["sha256"]:
             raise ArtifactError(f"{out_dir}: {name} fails its SHA-256 checksum (damaged or replaced)")
     return manifest
+
+
+def _inside(path: Path, root: Path) -> bool:
+    """`path` resolves to a place inside `root` (False for a loop of links)."""
+    try:
+        return path.resolve().is_relative_to(root)
+    except (OSError, RuntimeError):
+        return False
 
 
 def _held(out_dir: Path) -> list[str]:
@@ -134,9 +146,12 @@ def _held(out_dir: Path) -> list[str]:
             rel = path.relative_to(out_dir).as_posix()
             mode = path.lstat().st_mode
             if stat.S_ISLNK(mode):
-                if not path.resolve().is_relative_to(root):
-                    raise ArtifactError(f"{out_dir}: {rel} is a link to {path.resolve()}, outside the artifact")
-                mode = path.stat().st_mode
+                if not _inside(path, root):
+                    raise ArtifactError(f"{out_dir}: {rel} is a link that leads outside the artifact (or in a loop)")
+                try:
+                    mode = path.stat().st_mode
+                except OSError:
+                    raise ArtifactError(f"{out_dir}: {rel} is a link to nothing") from None
             if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
                 raise ArtifactError(f"{out_dir}: {rel} is not a regular file")
             if stat.S_ISREG(mode) and rel != MANIFEST:

@@ -83,6 +83,14 @@ def test_a_link_out_of_the_folder_is_refused(fresh, tmp_path, backend):
         _load_and_prefill(backend, out)
 
 
+def test_a_loop_of_links_is_refused(fresh):
+    out, _ = fresh("onnx")
+    os.symlink("loop-b", out / "loop-a")
+    os.symlink("loop-a", out / "loop-b")
+    with pytest.raises(ArtifactError, match="loop-[ab] is a link .*loop"):
+        _load_and_prefill("onnx", out)
+
+
 def test_a_fifo_in_the_folder_is_refused_without_reading_it(fresh):
     out, _ = fresh("onnx")
     os.mkfifo(out / "pipe")

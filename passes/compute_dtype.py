@@ -13,7 +13,10 @@ are rounded to BF16 (`cast` to bf16 and back), so each GEMM multiplies BF16 oper
 accumulates in float32; its output stays float32. Everything else stays float32: the norms
 and their statistics, the router (the model computes its logits from float32 operands, so
 they are not rounded), sigmoid and top-k, softmax, the recurrent state and its update, the
-residual sum. A GEMM the model already computes from float32 operands keeps them.
+residual sum. A GEMM the model already computes from float32 operands keeps them. The routed
+experts' hidden (the activation between an expert's two GEMMs) stays float32 too: the fused
+expert ops hold it inside, where no operand rounding reaches, and the unfused down-projection
+(`KEEP_HIDDEN`) keeps it as well, so the policy is the same whatever the pipeline fuses.
 
 Options: dtype (default f32), gemm (default f32, or bf16). A graph without lower-precision
 values is left as it is; `graph.meta["compute"]` records the policy applied.
@@ -28,6 +31,7 @@ from .registry import register_pass
 LOW = frozenset({"bf16", "f16"})
 POLICIES = ("f32", "bf16")  # k3c.compile(..., compute=): what `gemm` each names
 _DTYPE_ATTR_OPS = frozenset({"const", "full", "arange", "mxfp4_decode"})
+KEEP_HIDDEN = frozenset({"moe_down", "moe_down_mxfp4"})  # their first operand: the experts' hidden
 
 
 def gemm_ops() -> frozenset[str]:
@@ -84,7 +88,8 @@ def compute_dtype(graph: Graph, dtype: str = "f32", gemm: str = "f32") -> dict:
     for node in graph.nodes:
         ins = [use(i) for i in node.inputs]
         if node.op in gemms:
-            ins = [operand(o, i, node.meta) for o, i in zip(node.inputs, ins)]
+            ins = [i if k == 0 and node.op in KEEP_HIDDEN else operand(o, i, node.meta)
+                   for k, (o, i) in enumerate(zip(node.inputs, ins))]
         attrs = dict(node.attrs)
         if node.op == "cast" and (attrs["dtype"] in LOW or types[ins[0]].dtype == attrs["dtype"]) \
                 and types[ins[0]].dtype in (LOW | {dtype}):

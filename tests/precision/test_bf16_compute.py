@@ -145,3 +145,21 @@ def test_diff_refuses_bf16_compute_of_a_float32_model(capsys):
     assert main(["diff", "--model", "kimi-linear-tiny", "--backends", "reference", "--compute", "bf16"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--dtype bf16" in err
+
+
+def test_the_experts_hidden_stays_float32_unfused_too():
+    """Without fuse-situ the experts' down-projection is its own GEMM: its hidden operand is kept
+    in float32 as the fused expert op keeps it, and the experts' input is rounded."""
+    from k3c import capture, passes
+
+    m = models.build("kimi-linear-tiny", dtype=torch.bfloat16, num_layers=2, mla_layers=())
+    g = passes.run(capture(m, (torch.randint(0, 1024, (1, 6)),)), ['compute-dtype{dtype="f32", gemm="bf16"}'])
+    made_by = {o: n for n in g.nodes for o in n.outputs}
+
+    def rounded(v):  # cast(cast(v, bf16), f32)
+        n = made_by.get(v)
+        return n is not None and n.op == "cast" and made_by[n.inputs[0]].op == "cast" \
+            and made_by[n.inputs[0]].attrs["dtype"] == "bf16"
+
+    ops = {n.op: n for n in g.nodes}
+    assert rounded(ops["moe_gate_up"].inputs[0]) and not rounded(ops["moe_down"].inputs[0])

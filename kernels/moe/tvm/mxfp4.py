@@ -8,7 +8,7 @@ re-laid out in panels, decoded in registers (kernels/mxfp4/naive.py defines the 
 So a weight costs what it costs on disk (4.25 bits), and the panel of F features is read
 contiguously, group by group. The backend builds the panels with reshapes, a permute and a
 concat, weight-only work that the build lifts into the one-time parameter transform.
-A weight is e2m1(code) * e8m0(scale), both built from bits (exact, like the definition):
+A weight is e2m1(code) * e8m0(scale), both built from bits (exact, as the definition is).
 """
 
 from __future__ import annotations

@@ -51,11 +51,17 @@ class DeltaChunks(NamedTuple):
 # ---------------------------------------------------------------------------- layout
 
 
-def to_chunks(x: Tensor, chunk_size: int) -> Tensor:
-    """[B, T, H, ...] -> [B, H, NC, C, ...] fp32 (fp64 stays fp64), zero-padded in time to NC * C."""
+def compute_dtype(*xs: Tensor | None) -> torch.dtype:
+    """fp64 when any input is fp64 (the float64 yardstick), else fp32."""
+    return torch.float64 if any(x is not None and x.dtype == torch.float64 for x in xs) else torch.float32
+
+
+def to_chunks(x: Tensor, chunk_size: int, dtype: torch.dtype | None = None) -> Tensor:
+    """[B, T, H, ...] -> [B, H, NC, C, ...] in `dtype` (default: compute_dtype(x)), zero-padded
+    in time to NC * C."""
     B, T, H = x.shape[:3]
     NC = -(-T // chunk_size)
-    wide = torch.float64 if x.dtype == torch.float64 else torch.float32
+    wide = dtype or compute_dtype(x)
     out = torch.empty(B, H, NC * chunk_size, *x.shape[3:], dtype=wide, device=x.device)
     out[:, :, :T] = x.transpose(1, 2)
     out[:, :, T:] = 0
@@ -299,7 +305,9 @@ def chunk_delta_prepare(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta:
     Returns `DeltaChunks` in chunk layout [B, H, NC, C, ...].
     """
     C = chunk_size
-    q, k, v, beta = (to_chunks(x, C) for x in (q, k, v, beta))
+    wide = compute_dtype(q, k, v, g, beta)
+    g = None if g is None else g.to(wide)
+    q, k, v, beta = (to_chunks(x, C, wide) for x in (q, k, v, beta))
     if g is None:
         kk, qk, q_dec, k_w, k_dec, decay_last = _no_gates(q, k, C)
     elif g.dim() == 3:
@@ -316,7 +324,8 @@ def chunk_linear_prepare(q: Tensor, k: Tensor, v: Tensor, chunk_size: int) -> De
     Returns `DeltaChunks` with w = None, decay_last = None, u = v in chunk layout and
     Aqk = q k^T masked to j <= i.
     """
-    q, k, v = (to_chunks(x, chunk_size) for x in (q, k, v))
+    wide = compute_dtype(q, k, v)
+    q, k, v = (to_chunks(x, chunk_size, wide) for x in (q, k, v))
     qk = (q @ k.transpose(-1, -2)).tril()
     return DeltaChunks(q, k, None, v, qk, None)
 

@@ -56,11 +56,19 @@ def _visible(b, positions: str, T, N) -> str:
 
 
 def _masked_softmax_attend(b, scores: str, v: str, positions: str, scale: float) -> str:
-    """softmax(scores * scale, masked) @ v: scores [B, H, T, N], v [B, G, N, Dv] -> [B, H, T, Dv]."""
-    _, _, T, N = b.type(scores).shape
+    """softmax(scores * scale, masked) @ v: scores [B, H, T, N], v [B, G, N, Dv] -> [B, H, T, Dv].
+
+    The rows of v past the last one written (positions[b] + T) are selected to 0 first: unused
+    capacity, or rows left by an earlier sequence of the slot, may hold anything, and a softmax
+    weight of 0 times a NaN or inf row is NaN."""
+    B, _, T, N = b.type(scores).shape
     scaled = b.op("mul", [scores, b.const(float(scale), b.type(scores).dtype)])
     masked = b.op("where", [_visible(b, positions, T, N), scaled, b.const(float("-inf"), b.type(scores).dtype)])
-    return b.op("matmul", [b.op("softmax", [masked], dim=-1), v])
+    j = b.op("reshape", [b.op("arange", [], end=N)], shape=[1, 1, N, 1])
+    t_end = b.op("arange", [], start=D.normalize(T - 1), end=T)  # [T - 1]: T may be symbolic
+    end = b.op("add", [b.op("reshape", [positions], shape=[B, 1, 1, 1]), b.op("add", [t_end, b.const(1, "i64")])])
+    v_used = b.op("where", [b.op("less", [j, end]), v, b.const(0.0, b.type(v).dtype)])
+    return b.op("matmul", [b.op("softmax", [masked], dim=-1), v_used])
 
 
 def _write_decompose(b, cache, new, positions):

@@ -4,7 +4,8 @@ A cache holds N rows per sequence, [B, N, ...]; `positions` (int64 [B]) counts t
 each sequence already cached, so sequences of one batch may be at different positions. T new
 tokens of sequence b go to rows positions[b] .. positions[b] + T - 1, and new token t sees
 the keys 0 .. positions[b] + t (itself included, once written): the causal mask with a
-per-sequence offset. Rows past a sequence's position are never read, whatever they hold.
+per-sequence offset. Rows past a sequence's position are never read, whatever they hold: they
+are selected away (`where`), never multiplied by a zero weight (0 * NaN is NaN).
 """
 
 from __future__ import annotations
@@ -37,6 +38,10 @@ def cached_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, position
     B, T, H, D = q.shape
     N, G = k.shape[1], k.shape[2]
     scale = D**-0.5 if scale is None else scale
+    # rows past the last one written hold anything (unused capacity, an earlier sequence's
+    # rows): selected to 0, as a softmax weight of 0 times a NaN row would still be NaN
+    used = (torch.arange(N, device=k.device)[None, :] < positions.long()[:, None] + T)[:, :, None, None]
+    k, v = torch.where(used, k, 0), torch.where(used, v, 0)
     k, v = k.repeat_interleave(H // G, dim=2), v.repeat_interleave(H // G, dim=2)
     scores = torch.einsum("bthd,bshd->bhts", q.float(), k.float()) * scale
     scores = scores.masked_fill(~visible(positions, T, N)[:, None], float("-inf"))

@@ -20,7 +20,7 @@ def naive_recurrent_kda(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Token-by-token KDA; returns (o [B, T, H, V] in v's dtype, final state [B, H, K, V] fp32).
 
-    Computed in fp32, or in fp64 when q is fp64 (then the state is fp64 too): the float64
+    Computed in fp32, or in fp64 when an input is fp64 (then the state is fp64 too): the float64
     yardstick of a stress run must not round through fp32.
 
     for t:  S = exp(g_t)[:, None] * S;  S += beta_t k_t (v_t - k_t^T S)^T;  o_t = scale q_t^T S
@@ -28,7 +28,7 @@ def naive_recurrent_kda(
     B, T, H, K = q.shape
     V, dtype = v.shape[-1], v.dtype
     scale = K**-0.5 if scale is None else scale
-    wide = torch.float64 if q.dtype == torch.float64 else torch.float32
+    wide = torch.float64 if torch.float64 in (q.dtype, k.dtype, v.dtype, g.dtype, beta.dtype) else torch.float32
     q, k, v, g, beta = (x.to(wide) for x in (q, k, v, g, beta))
     if initial_state is None:
         S = q.new_zeros(B, H, K, V)

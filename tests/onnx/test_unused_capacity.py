@@ -1,0 +1,62 @@
+"""Unused cache capacity never matters: rows of a fixed-capacity cache past a sequence's last
+written row (never written, or left by an earlier sequence of the slot) hold NaN and huge
+values, and the cached attention ops give what they give over the used rows alone, on the
+reference (the interpreter) and both ONNX flavours. The expected values are a float64 softmax
+over the visible rows only."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from onnx_cases import B_, P_, T_, f32, op_graph, run_ort
+
+from k3c.ir import interpret
+from k3c.numerics import assert_close
+
+B, T, N, H, D, DV = 2, 3, 12, 2, 6, 5
+POSITIONS = torch.tensor([2, 6])  # rows 0 .. positions + T - 1 are written
+
+
+def case():
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(B, t, H, d, generator=gen) for t, d in ((T, D), (N, D), (N, DV)))
+    used = torch.arange(N)[None, :] < POSITIONS[:, None] + T
+    garbage = torch.tensor([float("nan"), 1e30, -float("inf"), float("inf")]).repeat(N)[:N]
+    k_bad, v_bad = k.clone(), v.clone()
+    k_bad[~used] = garbage[: int((~used).sum())].reshape(-1, 1, 1).expand(-1, H, D).clone()
+    v_bad[~used] = float("nan")
+    g = op_graph("causal_attention_cached", [("q", f32(B_, T_, H, D)), ("k", f32(B_, P_, H, D)),
+                                             ("v", f32(B_, P_, H, DV)), ("positions", _i64(B_))],
+                 {"scale": 0.4}, dims=("B", "T", "P"))
+    return g, [q, k_bad, v_bad, POSITIONS], (q, k, v)
+
+
+def _i64(*shape):
+    from k3c.ir import TensorType
+
+    return TensorType("i64", shape)
+
+
+def expected(q, k, v):
+    """float64 softmax attention of token t of sequence b over keys 0 .. positions[b] + t."""
+    q, k, v = q.double(), k.double(), v.double()
+    out = torch.empty(B, T, H, DV, dtype=torch.float64)
+    for b in range(B):
+        for t in range(T):
+            n = int(POSITIONS[b]) + t + 1
+            s = torch.einsum("hd,nhd->hn", q[b, t], k[b, :n]) * 0.4
+            out[b, t] = torch.einsum("hn,nhv->hv", s.softmax(-1), v[b, :n])
+    return out
+
+
+@pytest.mark.parametrize("where", ["reference", "portable", "ort"])
+def test_unused_capacity_is_never_read(where):
+    g, inputs, clean = case()
+    if where == "reference":
+        got = interpret(g, *inputs)[0]
+    else:  # as k3c.compile hands it over: legalize runs the op's decomposition where ONNX has no lowering
+        from k3c import passes
+
+        got = run_ort(passes.run(g, ['decompose{ops=["causal_attention_cached"]}']), inputs, where)[0]
+    assert torch.isfinite(got).all(), f"{where}: unused capacity reached the output"
+    assert_close(got.double(), expected(*clean), dtype=torch.float32, what=f"{where} cached attention")

@@ -12,6 +12,10 @@ kernels lose accuracy there is off. The stresses:
   exponents of a chunk far below the float range, where only pairwise forms stay finite;
 - large-a-log: A_log raised by log(100) and the softplus input shifted by -12, so the decay
   is exp(A_log) times a softplus of very negative arguments: its relative accuracy is what counts;
+- spiky-gates: A_log set to log(1000), the gate input projection x8 and its bias set to -8,
+  so most steps decay by ~0.3 and some by hundreds: chunk cumulative sums reach -1e4 while the
+  decay between two later tokens stays small, which a chunked form that takes it as a
+  difference of cumulative sums loses (cancellation), and an exact one keeps;
 - situ-saturated: gate and up projections of every SiTU MLP scaled by 20, so tanh saturates
   and sigmoid(gate) runs down to its tiny negative tail;
 - router-ties: the router rows and score biases of experts 0-2 and 3-5 made equal, so tokens
@@ -84,6 +88,14 @@ def _large_a_log(model) -> str:
     return "A_log + log(100), softplus inputs - 12"
 
 
+def _spiky_gates(model) -> str:
+    for m, _kind in _gates(model):
+        m.A_log.fill_(math.log(1000.0))
+        (m.f_b_proj if hasattr(m, "f_b_proj") else m.a_proj).weight.mul_(8.0)
+        m.dt_bias.fill_(-8.0)
+    return "A_log = log(1000), gate projection x8, gate bias -8"
+
+
 def _situ_saturated(model) -> str:
     for w in _situ_mlps(model):
         w *= 20.0
@@ -105,6 +117,7 @@ STRESSES = {
     "router-low": ("a MoE router", _routers, _router_low),
     "strong-decay": ("a decay gate (KDA or Gated DeltaNet)", _gates, _strong_decay),
     "large-a-log": ("a decay gate (KDA or Gated DeltaNet)", _gates, _large_a_log),
+    "spiky-gates": ("a decay gate (KDA or Gated DeltaNet)", _gates, _spiky_gates),
     "situ-saturated": ("a SiTU MLP", _situ_mlps, _situ_saturated),
     "router-ties": ("a MoE router", _routers, _router_ties),
 }

@@ -21,7 +21,7 @@ from k3c.diff import diff
 from k3c.registry import scope
 
 BACKENDS = ["reference", "onnx", "onnx:ort", "tvm", "triton"]
-STRESSES = ["router-low", "strong-decay", "large-a-log", "situ-saturated", "router-ties"]
+STRESSES = ["router-low", "strong-decay", "large-a-log", "spiky-gates", "situ-saturated", "router-ties"]
 # Exact ties among router scores: k3c's topk puts the lower index first (kernels/topk.py), as
 # ONNX's TopK and TVM's do; eager, the interpreter and the Triton module follow the same
 # definition, so every backend routes a tied token to the same experts.

@@ -1,7 +1,8 @@
 """Unused cache capacity never matters: rows of a fixed-capacity cache past a sequence's last
 written row (never written, or left by an earlier sequence of the slot) hold NaN and huge
 values, and the cached attention ops give what they give over the used rows alone, on the
-reference (the interpreter) and both ONNX flavours. The expected values are a float64 softmax
+reference (the interpreter), both ONNX flavours, TVM's cache kernel and Triton (which runs the
+op's decomposition). The expected values are a float64 softmax
 over the visible rows only."""
 
 from __future__ import annotations
@@ -49,11 +50,18 @@ def expected(q, k, v):
     return out
 
 
-@pytest.mark.parametrize("where", ["reference", "portable", "ort"])
-def test_unused_capacity_is_never_read(where):
+@pytest.mark.parametrize("where", ["reference", "portable", "ort", "tvm", "triton"])
+def test_unused_capacity_is_never_read(where, tmp_path):
     g, inputs, clean = case()
     if where == "reference":
         got = interpret(g, *inputs)[0]
+    elif where in ("tvm", "triton"):
+        from k3c.backends.triton.backend import TritonBackend
+        from k3c.backends.tvm import TvmBackend
+
+        be = TvmBackend(target="llvm") if where == "tvm" else TritonBackend()
+        be.lower({"forward": g}, tmp_path)
+        got = be.load(tmp_path).run("forward", *inputs)[0]
     else:  # as k3c.compile hands it over: legalize runs the op's decomposition where ONNX has no lowering
         from k3c import passes
 

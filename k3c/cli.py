@@ -341,6 +341,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-context", type=checks.count(2), help="cache capacity (default: longest prompt + new)")
     s.add_argument("--out", help="artifact folder, kept (default: a temporary one, removed at the end)")
     s.add_argument("--force", action="store_true", help="replace what --out holds, even another artifact")
+    s.add_argument("--draft", help="a zoo model of the same vocabulary that proposes tokens, verified by one "
+                   "extend a round (speculative: the same tokens as greedy)")
+    s.add_argument("--draft-tokens", type=checks.count(1), default=4, help="drafts a round (default 4)")
     s.set_defaults(func=_cmd_generate)
     return p
 

@@ -72,6 +72,9 @@ class EagerRunner:
     def decode(self, ids, state):
         return self.model.decode(ids, state)
 
+    def extend(self, ids, state, lengths=None, logits="all"):
+        return self.model.extend(ids, state, lengths=lengths, logits=logits)
+
 
 def generate(run, prompts: list[list[int]], max_new_tokens: int, progress=None) -> tuple[list[list[int]], dict]:
     """Greedy continuation of each prompt by `max_new_tokens` tokens through `run` (a
@@ -131,6 +134,22 @@ def check_cache_fits(model, batch: int, capacity: int) -> None:
                batch * (capacity * row + fixed), UsageError)
 
 
+def _draft_runner(args, model, capacity: int, batch: int):
+    """The eager draft model of --draft (None without one): a zoo model of the target's vocabulary."""
+    if getattr(args, "draft", None) is None:
+        return None
+    from . import models
+
+    if args.draft_tokens < 1:
+        raise UsageError(f"--draft-tokens must be at least 1, got {args.draft_tokens}")
+    draft = models.build(args.draft).eval()
+    if draft.config.vocab_size != model.config.vocab_size:
+        raise UsageError(f"--draft {args.draft}: its vocabulary ({draft.config.vocab_size} ids) is not "
+                         f"{args.model}'s ({model.config.vocab_size})")
+    check_cache_fits(draft, batch, capacity)
+    return EagerRunner(draft, capacity)
+
+
 def run_cli(args) -> int:
     """`k3c generate`: build the model, compile it with fixed caches (or run eager), generate."""
     from . import compile as k3c_compile
@@ -144,7 +163,7 @@ def run_cli(args) -> int:
         spec = parse_backend(args.backend, "--backend")
     model = models.build(args.model).eval()
     longest = max(len(p) for p in prompts)
-    capacity = args.max_context or longest + args.max_new_tokens
+    capacity = args.max_context or longest + args.max_new_tokens + (args.draft_tokens if args.draft else 0)
     if longest + args.max_new_tokens - 1 > capacity:
         raise InputError(f"a prompt of {longest} tokens and {args.max_new_tokens} new ones exceed --max-context "
                          f"{capacity}")
@@ -159,8 +178,16 @@ def run_cli(args) -> int:
         kept = "" if args.out is None else f": {run.out_dir}"  # without --out it is removed at the end
         print(f"compiled {args.model} for {args.backend} (max_context {capacity}) in "
               f"{time.perf_counter() - t0:.1f}s{kept}", file=sys.stderr)
+    draft = _draft_runner(args, model, capacity, len(prompts))
     try:
-        new, stats = generate(run, prompts, args.max_new_tokens, progress=sys.stderr)
+        if draft is None:
+            new, stats = generate(run, prompts, args.max_new_tokens, progress=sys.stderr)
+        else:
+            from .speculative import speculative
+
+            new, stats = speculative(run, draft, prompts, args.max_new_tokens, args.draft_tokens, progress=sys.stderr)
+            print(f"speculative: {stats['rounds']} rounds, {stats['accepted']}/{stats['drafted']} drafts accepted "
+                  f"({stats['acceptance']:.2f})", file=sys.stderr)
     finally:
         if spec is not None and args.out is None:
             shutil.rmtree(run.out_dir, ignore_errors=True)

@@ -38,6 +38,13 @@ def test_write_a_fusion_pass_reaches_every_backend():
     assert "onnx user" in r.stdout and "tvm decomposed" in r.stdout
 
 
+def test_prefix_reuse_matches_a_prefill_from_scratch():
+    r = subprocess.run([sys.executable, "examples/prefix_reuse.py", "--backend", "onnx"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.count("prefix of 40 reused") == 2, r.stdout
+
+
 def test_every_example_is_run_by_a_test():
     tests = "\n".join(p.read_text() for p in (ROOT / "tests").rglob("test_*.py"))
     for example in sorted((ROOT / "examples").glob("*.py")):

@@ -7,6 +7,8 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_roofline_cpu.py"
 
 
@@ -17,6 +19,7 @@ def load_script():
     return module
 
 
+@pytest.mark.slow  # compiles four k3-tiny artifacts (fp32 and release, prefill and decode): minutes
 def test_quick_mode_reports_every_field(tmp_path):
     bench = load_script()
     out = tmp_path / "roofline.json"

@@ -34,10 +34,11 @@ class ReferenceRunner:
         return interpret(self.entries[entry], *inputs)
 
 
-def entry_names(out_dir: Path) -> list[str]:
-    """The entries of a verified reference artifact: plain names of folders whose graph the
-    manifest lists (never a path such as "../other/decode")."""
-    manifest = verify(out_dir, "reference")
+def entry_names(out_dir: Path, backend: str = "reference") -> list[str]:
+    """The entries of a verified reference artifact (sealed by `backend`, the reference or a
+    subclass of it): plain names of folders whose graph the manifest lists (never a path such
+    as "../other/decode")."""
+    manifest = verify(out_dir, backend)
     f = Fields(out_dir / MANIFEST)
     f.version(manifest, FORMAT)
     names = f.names(manifest.get("entries"), "entries")
@@ -77,7 +78,7 @@ class ReferenceBackend:
     def load(self, out_dir: Path) -> ReferenceRunner:
         out_dir = Path(out_dir)
         entries = {}
-        for e in entry_names(out_dir):
+        for e in entry_names(out_dir, self.name):
             try:
                 entries[e] = load(out_dir / e)
             except K3cError:

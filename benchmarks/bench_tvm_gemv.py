@@ -82,7 +82,7 @@ def main() -> None:
             lib = tvm.compile(packed_linear(K, N, rows, c, str(dt).removeprefix("torch.")), target=make_target("llvm"))
             x = torch.randn(M, K, generator=gen)
             xt, y = tvm.runtime.tensor(x.numpy()), tvm.runtime.empty((M, N), "float32", tvm.cpu())
-            s = fastest(lambda: lib(xt, wt, y), args.repeat)
+            s = fastest(lambda lib=lib, xt=xt, wt=wt, y=y: lib(xt, wt, y), args.repeat)
             err = (torch.from_dlpack(y) - x @ w.float().T).abs().max().item()
             print(f"{N:>8} x {K:<7} {str(dt)[6:]:>9} {M:>4} {s * 1e6:>9.1f} {nbytes / s / 1e9:>7.1f} "
                   f"{reads[(N, K, dt)]:>9.1f} {2 * M * N * K / s / 1e9:>8.1f} {err:>9.1e}")

@@ -25,11 +25,12 @@ EXAMPLE = ROOT / "examples" / "onnx_generate.py"
 
 def test_files_manifest_and_metadata(zoo_artifact):
     model, graphs, out, _ = zoo_artifact("k3-tiny", "ort")
-    assert sorted(p.name for p in out.iterdir()) == ["decode.onnx", "manifest.json", "prefill.onnx", "weights.bin"]
+    assert sorted(p.name for p in out.iterdir()) == ["decode.onnx", "extend.onnx", "manifest.json", "prefill.onnx",
+                                                     "weights.bin"]
     m = json.loads((out / "manifest.json").read_text())
     assert m["model"] == "k3-tiny" and m["flavour"] == "ort"
     imported = {e: next(o.version for o in onnx.load(str(out / f"{e}.onnx"), load_external_data=False).opset_import
-                        if o.domain == "") for e in ("prefill", "decode")}
+                        if o.domain == "") for e in ("prefill", "decode", "extend")}
     assert m["opset"] == max(imported.values()) == 23  # the grown cache needs no opset-24 op
     assert {e: m["entries"][e]["opset"] for e in imported} == imported
     assert m["pipeline"] == graphs["prefill"].meta["pipeline"]  # the default, as the ort flavour runs it

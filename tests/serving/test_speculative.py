@@ -9,7 +9,6 @@ import subprocess
 import sys
 
 import pytest
-import torch
 from serving_testlib import build
 
 import k3c

@@ -3,13 +3,15 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from conftest import BATCH, DECODE_PROMPT, DECODE_STEPS, PREFILL_T, token_ids
 
 from k3c.backends.tvm import TvmRunner
 from k3c.compiler import CompiledModel
-from k3c.numerics import assert_close
+from k3c.numerics import assert_close, compare, model_tolerance
 
 TINY = ["gpt2-tiny", "linear-attn-tiny", "deltanet-tiny", "gated-deltanet-tiny", "kimi-linear-tiny", "k3-tiny"]
 
@@ -40,14 +42,23 @@ def test_prefill_matches_eager(tvm_zoo, name, T):
 @pytest.mark.parametrize("name", TINY)
 @torch.no_grad()
 def test_decode_matches_eager(tvm_zoo, name):
+    """Each step's logits at the model's own tolerance (k3c.numerics.model_tolerance: eager
+    fp32 against the float64 model, at least the fp32 row): after a 9-layer model's prefill
+    and a dozen steps, eager itself is up to 6e-6 from float64, so two fp32 computations of
+    it may differ by more than one op's row while both are as close to float64."""
     model, cm = compiled(tvm_zoo, name)
+    exact_model = copy.deepcopy(model).double()
     ids = token_ids(model, BATCH, DECODE_PROMPT + DECODE_STEPS, seed=1)
     _, state = cm.prefill(ids[:, :DECODE_PROMPT])
     _, want_state = model.prefill(ids[:, :DECODE_PROMPT])
+    _, exact_state = exact_model.prefill(ids[:, :DECODE_PROMPT])
     for step in range(DECODE_PROMPT, DECODE_PROMPT + DECODE_STEPS):
         logits, state = cm.decode(ids[:, step:step + 1], state)
         want_logits, want_state = model.decode(ids[:, step:step + 1], want_state)
-        assert_close(logits, want_logits, what=f"{name} decode logits at step {step}")
+        exact_logits, exact_state = exact_model.decode(ids[:, step:step + 1], exact_state)
+        tol = model_tolerance(want_logits, exact_logits.float())
+        c = compare(logits, want_logits, tolerance=tol)
+        assert c.ok, f"{name} decode logits at step {step}: {c} (tolerance {tol})"
     assert_state_close(state, want_state, f"{name} after {DECODE_STEPS} decode steps")
 
 

@@ -207,7 +207,7 @@ def chunk_prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch
     G = torch.empty(B, H, NC, C, K, dtype=torch.float64, device=q.device)  # cumulative gates
     q_dec, k_dec, kbg = (torch.empty(B, H, NC, C, K, **f32) for _ in range(3))
     decay = torch.empty(B, H, NC, K, **f32)
-    BK = min(block(K), 64)
+    BK = min(block(K), 32)  # the float64 cumulative gates of a [C, 64] tile spill on sm_90 at K = 128
     chunk_decay_kernel[(NC, triton.cdiv(K, BK), B * H)](
         q, k, gv, bv, G, q_dec, k_dec, kbg, decay, *gv.stride(), *bv.stride(), T, NC, H=H, K=K, C=C, BK=BK)
     L, aqk = torch.empty(B, H, NC, C, C, **f32), torch.empty(B, H, NC, C, C, **f32)

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .errors import UsageError
-from .passes.mesh import Mesh
+from .passes.mesh import Mesh, parse_axes
 
 AXES = ("dp", "tp", "ep", "pp")
 
@@ -53,19 +53,7 @@ class DeployMesh:
             return text
         if isinstance(text, Mesh):
             return DeployMesh(tp=text.tp, ep=text.ep, vocab=text.vocab)
-        sizes: dict[str, int] = {}
-        vocab = False
-        for part in str(text).replace(" ", "").split(","):
-            if part == "vocab":
-                vocab = True
-                continue
-            name, eq, value = part.partition("=")
-            if not eq or name not in AXES or not value.isdigit():
-                raise UsageError(f"mesh {text!r}: expected axes like 'tp=2,ep=2' (dp, tp, ep, pp: whole "
-                                 f"numbers, and optionally 'vocab'), got {part!r}")
-            if name in sizes:
-                raise UsageError(f"mesh {text!r}: {name} is given twice")
-            sizes[name] = int(value)
+        sizes, vocab = parse_axes(text, AXES)
         return DeployMesh(**sizes, vocab=vocab)
 
     @property

@@ -38,19 +38,7 @@ class Mesh:
         """"tp=2,ep=2" (either axis may be left out: it is 1); ",vocab" splits the vocabulary."""
         if isinstance(text, Mesh):
             return text
-        sizes: dict[str, int] = {}
-        vocab = False
-        for part in str(text).replace(" ", "").split(","):
-            if part == "vocab":
-                vocab = True
-                continue
-            name, eq, value = part.partition("=")
-            if not eq or name not in ("tp", "ep") or not value.isdigit():
-                raise UsageError(f"mesh {text!r}: expected axes like 'tp=2,ep=2' (tp and ep, whole numbers, "
-                                 f"and optionally 'vocab'), got {part!r}")
-            if name in sizes:
-                raise UsageError(f"mesh {text!r}: {name} is given twice")
-            sizes[name] = int(value)
+        sizes, vocab = parse_axes(text, ("tp", "ep"))
         mesh = Mesh(**sizes, vocab=vocab)
         if vocab and mesh.tp == 1:
             raise UsageError(f"mesh {text!r}: 'vocab' splits the vocabulary over tp, and tp is 1")
@@ -126,3 +114,22 @@ def _check_zoo(mesh: Mesh, config) -> None:
         bad.append(f"'vocab': a {name}'s vocabulary is not split (only the Kimi family's is)")
     if bad:
         raise UsageError(f"mesh {mesh}: " + "; ".join(bad))
+
+
+def parse_axes(text, axes: tuple[str, ...]) -> tuple[dict[str, int], bool]:
+    """The sizes of "tp=2,ep=2,vocab"-style text over `axes` (each at most once, a whole
+    number) and whether it says "vocab"; a UsageError names the part that is not one."""
+    sizes: dict[str, int] = {}
+    vocab = False
+    for part in str(text).replace(" ", "").split(","):
+        if part == "vocab":
+            vocab = True
+            continue
+        name, eq, value = part.partition("=")
+        if not eq or name not in axes or not value.isdigit():
+            raise UsageError(f"mesh {text!r}: expected axes like 'tp=2,ep=2' ({', '.join(axes)}: whole numbers, "
+                             f"and optionally 'vocab'), got {part!r}")
+        if name in sizes:
+            raise UsageError(f"mesh {text!r}: {name} is given twice")
+        sizes[name] = int(value)
+    return sizes, vocab

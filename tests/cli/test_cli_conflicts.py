@@ -5,27 +5,13 @@ fit the memory or a GPU's launch limits."""
 from __future__ import annotations
 
 import pytest
+from cli_testlib import fails as _fails
 
 import k3c
 from k3c.backend_spec import BackendSpec, parse_backend
 from k3c.cli import main
 from k3c.diff import seeded_ids
 from k3c.errors import UsageError
-
-
-@pytest.fixture
-def no_work(monkeypatch):
-    def refuse(*a, **k):
-        raise AssertionError("a model was built before the arguments were checked")
-
-    monkeypatch.setattr(k3c.models, "build", refuse)
-
-
-def _fails(argv, capsys, words: str) -> None:
-    assert main(argv) == 2
-    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
-    assert len(err) == 1 and words in err[0], err
-
 
 GPT2 = ["--model", "gpt2-tiny"]
 CASES = [

@@ -8,25 +8,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from cli_testlib import fails as _fails
 
-import k3c
 from k3c import backends
 from k3c.cli import main
-
-
-@pytest.fixture
-def no_work(monkeypatch):
-    """Building a model is the first piece of work: a check that passes it has come too late."""
-    def refuse(*a, **k):
-        raise AssertionError("a model was built before the arguments were checked")
-
-    monkeypatch.setattr(k3c.models, "build", refuse)
-
-
-def _fails(argv, capsys, words: str) -> None:
-    assert main(argv) == 2
-    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
-    assert len(err) == 1 and words in err[0], err
 
 
 @pytest.mark.parametrize("argv, words", [

@@ -148,15 +148,18 @@ class CompiledModel:
 
 
 def prepare(graphs: dict[str, Graph], be, passes: str | list[str] = "default",
-            pass_options: dict | None = None, compute: str | None = None) -> dict[str, Graph]:
+            pass_options: dict | None = None, compute: str | None = None,
+            state_dtype: str | None = None) -> dict[str, Graph]:
     """The graphs `be` lowers: the pass pipeline with the backend's choices in it (the
     recurrent ops it takes whole stay whole through chunk-delta-rule; a BF16 model computes
     in the backend's `compute_dtype`, from its stored weights), then every node the backend
     has no lowering for rewritten into its op's decomposition. An op that is neither
     lowered nor decomposable is an UnsupportedNodeError naming it and the model line.
     `compute` ("f32", "bf16"; None: the backend's own) is the compute policy of a model held
-    in a lower precision (passes/compute_dtype.py)."""
+    in a lower precision (passes/compute_dtype.py); `state_dtype` ("f32", "bf16"; None: "f32")
+    the dtype the recurrent states are held in between calls (passes/state_dtype.py)."""
     from . import passes as passes_mod
+    from .passes.state_dtype import STATE_DTYPES
 
     low = any(t.dtype in LOW for g in graphs.values() for v, t in g.types.items() if v not in g.weights)
     if compute is not None and compute not in POLICIES:
@@ -165,8 +168,11 @@ def prepare(graphs: dict[str, Graph], be, passes: str | list[str] = "default",
         raise UsageError("compute='bf16' rounds the GEMM operands a model holds in BF16, and this model "
                          "holds none: build it in its release precision (dtype=torch.bfloat16, "
                          "k3c compile --dtype bf16) or load a release checkpoint")
+    if state_dtype is not None and state_dtype not in STATE_DTYPES:
+        raise UsageError(f"state_dtype={state_dtype!r}: the recurrent states can be held in {', '.join(STATE_DTYPES)}")
     compute = (compute or getattr(be, "compute_dtype", None)) if low else None
-    steps = passes_mod.for_backend(passes_mod.steps_of(passes), **passes_mod.backend_choices(be), compute=compute)
+    steps = passes_mod.for_backend(passes_mod.steps_of(passes), **passes_mod.backend_choices(be), compute=compute,
+                                   state_dtype=state_dtype)
     recorded = passes if steps == passes_mod.steps_of(passes) else steps  # what an artifact says it ran
     out = {}
     for entry, g in graphs.items():
@@ -193,7 +199,8 @@ def compile(model: torch.nn.Module, backend: str, example_inputs: tuple, out_dir
             passes: str | list[str] = "default", *, dynamic: bool = True, verbose: bool = False,
             pass_options: dict | None = None, force: bool = False, mesh: str | None = None,
             max_context: int | None = None, cache: str | None = None, dims: dict | None = None,
-            dynamic_shapes=None, compute: str | None = None, **options) -> CompiledModel:
+            dynamic_shapes=None, compute: str | None = None, state_dtype: str | None = None,
+            **options) -> CompiledModel:
     """Compile `model` for `backend` ("reference", "onnx", "tvm", "triton").
 
     Writes the artifact to `out_dir` (a new temporary folder when None) and returns a
@@ -215,7 +222,10 @@ def compile(model: torch.nn.Module, backend: str, example_inputs: tuple, out_dir
     `compute` is the compute policy of a model held in BF16 (passes/compute_dtype.py): "f32"
     (the CPU backends' default: float32 from the stored weights) or "bf16" (GEMMs on BF16
     operands with float32 accumulation, the rest in float32). It is recorded in the
-    artifact's manifest (`compute`).
+    artifact's manifest (`compute`). `state_dtype` ("f32", the default, or "bf16") is the dtype
+    the recurrent states (KDA and delta-rule states, short-conv tails; not the attention caches)
+    cross every entry's boundary in, updated in float32 inside (passes/state_dtype.py); recorded
+    in the manifest (`state`).
 
     `max_context=N` gives the serving forms (k3c/serving.py): fixed-capacity caches of N rows
     written in place by decode, `positions` in the state, ragged prompts (`lengths`) and a
@@ -231,6 +241,8 @@ def compile(model: torch.nn.Module, backend: str, example_inputs: tuple, out_dir
 
         if max_context is not None:
             raise UsageError("mesh= with max_context=: the per-rank artifacts have growing caches only")
+        if state_dtype not in (None, "f32"):
+            raise UsageError("mesh= with state_dtype=: the per-rank artifacts hold their states in float32")
 
         return compile_mesh(model, backend, example_inputs, mesh, out_dir, passes, force=force, **options)
     if "chunk_size" in options:  # not the backend's: the chunk length of the chunk-delta-rule pass
@@ -247,7 +259,7 @@ def compile(model: torch.nn.Module, backend: str, example_inputs: tuple, out_dir
         graphs = with_last_entry(graphs)
     timings["capture"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    graphs = prepare(graphs, be, passes, pass_options, compute)
+    graphs = prepare(graphs, be, passes, pass_options, compute, state_dtype)
     timings["passes"] = time.perf_counter() - t0
     for g in graphs.values():  # what the artifact came from, for backends that record it (onnx)
         if dataclasses.is_dataclass(getattr(model, "config", None)):

@@ -55,13 +55,18 @@ def record_serving(out_dir: Path, graphs: dict) -> None:
 def record_compute(out_dir: Path, graphs: dict) -> None:
     """Write the compute policy the artifact was built with into its manifest: `policy` (None:
     the model's own dtypes; "f32"; "bf16": BF16 GEMM operands) and the dtypes its weights are
-    held in (passes/compute_dtype.py)."""
+    held in (passes/compute_dtype.py); and `state`: the dtype the recurrent states are held in
+    between calls and their names (passes/state_dtype.py), what an engine allocates per slot."""
+    from .passes.state_dtype import recurrent_names
+
     manifest = read(out_dir)
     if manifest is None:
         return
     g = next(iter(graphs.values()))
     held = sorted({t.dtype for v, t in g.types.items() if v in g.weights})
     manifest["compute"] = {"policy": g.meta.get("compute"), "weights": held}
+    names = list(dict.fromkeys(n for graph in graphs.values() for n in recurrent_names(graph)))
+    manifest["state"] = {"dtype": g.meta.get("state_dtype", "f32"), "recurrent": names}
     (Path(out_dir) / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
 
 

@@ -30,6 +30,7 @@ from . import (  # noqa: F401  (register the passes)
     fuse_norms,
     fuse_situ,
     last_token_logits,
+    state_dtype,
 )
 from .builder import Builder
 from .cost import COST_AT, Cost, graph_cost

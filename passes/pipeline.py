@@ -80,14 +80,15 @@ def backend_choices(be) -> dict:
 
 
 def for_backend(steps: list, keep=(), compute: str | None = None, chunk_by: str | None = None,
-                chunk_size: int | None = None) -> list:
+                chunk_size: int | None = None, state_dtype: str | None = None) -> list:
     """`steps` as a backend needs them: the ops it takes whole (`keep`) stay whole through
     chunk-delta-rule (the one place the prefill form is decided), a backend that lets the
     cost model pick the form (`chunk_by="flops"`) or prefers a chunk length (`chunk_size`)
     says so to that pass unless the pipeline already does, and a backend that computes in
     one dtype gets compute-dtype before the final sweep (`compute`: "f32", the CPU
-    backends' default for a BF16 model, or "bf16", the BF16 GEMM policy). Steps stay
-    text, so the pipeline an artifact records reads back."""
+    backends' default for a BF16 model, or "bf16", the BF16 GEMM policy), and a recurrent
+    state held in BF16 (`state_dtype="bf16"`) gets state-dtype after it, at the graph's
+    boundary as it is lowered. Steps stay text, so the pipeline an artifact records reads back."""
     keep = sorted(set(keep))
     out = []
     for step in steps:
@@ -106,6 +107,9 @@ def for_backend(steps: list, keep=(), compute: str | None = None, chunk_by: str 
         at = len(out) - 1 if out and parse_step(out[-1])[0] == "dce" else len(out)
         opts = {"dtype": "f32", **({"gemm": "bf16"} if compute == "bf16" else {})}
         out.insert(at, format_step("compute-dtype", opts))
+    if state_dtype not in (None, "f32") and not any(parse_step(s)[0] == "state-dtype" for s in out):
+        at = len(out) - 1 if out and parse_step(out[-1])[0] == "dce" else len(out)
+        out.insert(at, format_step("state-dtype", {"dtype": state_dtype}))
     return out
 
 

@@ -29,7 +29,7 @@ from . import cache
 from .build import build, export, scheduled_module
 from .dims import DimError, DimMap
 from .runner import TvmRunner
-from .target import KINDS
+from .target import parse
 
 
 class TvmBackend:
@@ -37,9 +37,8 @@ class TvmBackend:
     compute_dtype = "f32"  # a BF16 model computes in float32 from its BF16 / MXFP4 weights (compute-dtype)
 
     def __init__(self, target: str = "llvm", arch: str | None = None):
-        if target not in KINDS:
-            raise ValueError(f"tvm: unknown target {target!r}; known: {', '.join(KINDS)}")
-        self.target, self.options = target, ({"arch": arch} if arch else {})
+        self.target, mcpu = parse(target)  # "llvm -mcpu=NAME": kernels for another CPU (target.py)
+        self.options = {**({"arch": arch} if arch else {}), **({"mcpu": mcpu} if mcpu else {})}
 
     @property
     def chunk_by(self) -> str | None:
@@ -66,10 +65,8 @@ class TvmBackend:
 
     def _opts(self, options: dict) -> tuple[str, dict]:
         opts = {**self.options, **options}
-        target = opts.pop("target", None) or self.target
-        if target not in KINDS:
-            raise ValueError(f"tvm: unknown target {target!r}; known: {', '.join(KINDS)}")
-        return target, opts
+        target, mcpu = parse(opts.pop("target", None) or self.target)
+        return target, {**opts, **({"mcpu": mcpu} if mcpu else {})}
 
     def lower(self, graphs: dict[str, Graph], out_dir: Path) -> Path:
         graphs = legalized(self, graphs)
@@ -78,7 +75,8 @@ class TvmBackend:
         ex, seconds = (None, 0.0) if cache.fetch(k, out) else build(graphs, target, **opts)
         out = export(ex, graphs, out, target, opts, seconds)
         cache.store(k, out)
-        seal(out, backend=self.name, model=next(iter(graphs.values())).meta.get("model"), variant=target,
+        variant = f"{target} -mcpu={opts['mcpu']}" if "mcpu" in opts else target  # as --target named it
+        seal(out, backend=self.name, model=next(iter(graphs.values())).meta.get("model"), variant=variant,
              graphs=graphs)
         return out
 

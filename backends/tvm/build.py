@@ -96,14 +96,14 @@ def pipeline(target: tvm.target.Target, stop_after_schedule: bool = False) -> tv
 
 def scheduled_module(graphs: dict[str, Graph], target: str = "llvm", **options) -> tvm.IRModule:
     """The module as it is compiled: Relax functions plus every TensorIR function scheduled."""
-    tgt = make_target(target, options.get("arch"))
+    tgt = make_target(target, options.get("arch"), options.get("mcpu"))
     mod = lower_module(graphs, target, options)
     return pipeline(tgt, stop_after_schedule=True)(mod)
 
 
 def build(graphs: dict[str, Graph], target: str = "llvm", **options):
     """(executable, seconds): the graphs lowered, scheduled and compiled for `target`."""
-    tgt = make_target(target, options.get("arch"))
+    tgt = make_target(target, options.get("arch"), options.get("mcpu"))
     t0 = time.perf_counter()
     mod = lower_module(graphs, target, options)
     ex = tvm.compile(mod, target=tgt, relax_pipeline=pipeline(tgt))
@@ -124,12 +124,12 @@ def _id_bounds(graph: Graph) -> dict[str, int]:
 
 
 def manifest(graphs: dict[str, Graph], target: str, options: dict, seconds: float) -> dict:
-    tgt = make_target(target, options.get("arch"))
+    tgt = make_target(target, options.get("arch"), options.get("mcpu"))
     return {
         "format": FORMAT,
         "target": target,
-        "target_string": str(tgt),  # what the library was compiled for (llvm: this host's -mcpu)
-        "cpu_features": cpu_features(tgt),  # of those that choose kernel forms (target.CPU_FEATURES)
+        "target_string": str(tgt),  # what the library was compiled for (llvm: -mcpu, features turned off)
+        "cpu_features": cpu_features(tgt),  # that chose kernel forms; the loading host needs them all
         "weights": weight_names(graphs),
         "options": {k: v for k, v in options.items() if isinstance(v, (str, int, float, bool))},
         "build_seconds": round(seconds, 2),

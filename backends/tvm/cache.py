@@ -94,7 +94,8 @@ def key(graphs: dict[str, Graph], target: str, options: dict) -> str:
     h.update(_source_digest().encode())
     from .target import make_target
 
-    compiled_for = str(make_target(target, options.get("arch")))  # llvm: the host's -mcpu (a shared cache dir)
+    # llvm: the -mcpu and the features the OS turns off (a cache dir shared between hosts)
+    compiled_for = str(make_target(target, options.get("arch"), options.get("mcpu")))
     h.update(json.dumps([target, compiled_for, sorted((k, str(v)) for k, v in options.items()), __version__,
                          tvm.__version__]).encode())
     for entry, g in sorted(graphs.items()):

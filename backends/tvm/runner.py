@@ -29,7 +29,7 @@ from ..artifact import verify
 from ..contract import check_limits, check_nonpositive
 from ..manifest import Fields, evaluate, symbols
 from .build import FORMAT
-from .target import KINDS
+from .target import KINDS, check_host
 
 DTYPES = {"f64": torch.float64, "f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16,
           "i64": torch.int64, "i32": torch.int32, "i8": torch.int8, "u8": torch.uint8, "bool": torch.bool}
@@ -81,6 +81,10 @@ class TvmRunner:
         # a truncated lib.so would be mapped and crash the process (SIGBUS): it must be listed and whole
         self.manifest = verify(self.out_dir, "tvm", uses=("lib.so", "weights.safetensors"))
         self.target, self.entries = _read(self.manifest, self.out_dir / "manifest.json")
+        if self.target == "llvm":  # before the library is mapped: its kernels may use what this CPU lacks
+            check_host(Fields(self.out_dir / "manifest.json").names(self.manifest.get("cpu_features", []),
+                                                                    "cpu_features"),
+                       str(self.out_dir), self.manifest.get("target_string", ""))
         self._vm = None
         self._params = None
         self._device = None

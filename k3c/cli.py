@@ -355,12 +355,17 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .cli_signals import EXIT_STATUS, Terminated, sigterm_as_interrupt
     from .errors import user_errors  # k3c's own error types: meant for the user, without a traceback
 
     args = build_parser().parse_args(argv)
     try:
-        checks.flag_conflicts(args)
-        return args.func(args)
+        with sigterm_as_interrupt():  # SIGTERM cleans up like Ctrl-C (cli_signals.py)
+            checks.flag_conflicts(args)
+            return args.func(args)
+    except Terminated:
+        print(f"k3c {args.command}: terminated (SIGTERM); its temporary files removed", file=sys.stderr)
+        return EXIT_STATUS
     except (KeyError, ValueError, TypeError, FileNotFoundError, ImportError, *user_errors()) as e:
         if args.debug:
             raise

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -265,14 +266,19 @@ def compile(model: torch.nn.Module, backend: str, example_inputs: tuple, out_dir
         if dataclasses.is_dataclass(getattr(model, "config", None)):
             g.meta.setdefault("config", dataclasses.asdict(model.config))
     out = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix=f"k3c-{backend}-"))
-    t0 = time.perf_counter()
-    artifact.write(be, graphs, out, force=force)
-    timings["lower"] = time.perf_counter() - t0
-    record_serving(out, graphs)
-    record_compute(out, graphs)
-    t0 = time.perf_counter()
-    runner = be.load(out)
-    timings["load"] = time.perf_counter() - t0
+    try:
+        t0 = time.perf_counter()
+        artifact.write(be, graphs, out, force=force)
+        timings["lower"] = time.perf_counter() - t0
+        record_serving(out, graphs)
+        record_compute(out, graphs)
+        t0 = time.perf_counter()
+        runner = be.load(out)
+        timings["load"] = time.perf_counter() - t0
+    except BaseException:  # a failure or an interrupt (Ctrl-C, SIGTERM) leaves no temporary folder of ours
+        if out_dir is None:
+            shutil.rmtree(out, ignore_errors=True)
+        raise
     if verbose:
         print(dynamic_line(graphs))
         print(f"compiled {getattr(model, 'name', type(model).__name__)} for {backend} into {out}: "

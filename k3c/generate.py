@@ -178,8 +178,8 @@ def run_cli(args) -> int:
         kept = "" if args.out is None else f": {run.out_dir}"  # without --out it is removed at the end
         print(f"compiled {args.model} for {args.backend} (max_context {capacity}) in "
               f"{time.perf_counter() - t0:.1f}s{kept}", file=sys.stderr)
-    draft = _draft_runner(args, model, capacity, len(prompts))
-    try:
+    try:  # from here on the temporary artifact is removed however the run ends (an error, Ctrl-C, SIGTERM)
+        draft = _draft_runner(args, model, capacity, len(prompts))
         if draft is None:
             new, stats = generate(run, prompts, args.max_new_tokens, progress=sys.stderr)
         else:

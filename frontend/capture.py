@@ -111,11 +111,12 @@ def _serving_args(model, args: tuple, entry: str, max_context: int) -> tuple:
     """Example inputs of a serving entry: (ids, lengths) for prefill, (ids[:, :1], state) for decode."""
     ids = args[0]
     if entry in ("decode", "extend"):
-        new = ids[:, :1] if entry == "decode" else ids[:, :max(2, min(ids.shape[1], max_context - 3))]
+        held = max(1, min(3, max_context - 2))  # a small capacity still fits the held rows plus two new ones
+        new = ids[:, :1] if entry == "decode" else ids[:, :max(2, min(ids.shape[1], max_context - held))]
         if len(args) > 1:
             state = args[1]
         else:
-            prefix = torch.zeros(ids.shape[0], 3, dtype=ids.dtype, device=ids.device)
+            prefix = torch.zeros(ids.shape[0], held, dtype=ids.dtype, device=ids.device)
             with torch.no_grad():
                 state = model.prefill(prefix, max_context=max_context)[1]
         if entry == "decode":

@@ -180,6 +180,13 @@ def bench(model: torch.nn.Module, backends: list[str], *, seq_len: int = 1024, d
     """Time eager, torch.compile and each backend (NAME or onnx:FLAVOUR). Without `out_root` the
     artifacts go to a temporary folder that is removed at the end unless `keep`. `compute`: the
     backends' compute policy for a BF16 model (k3c.compile's; None: each backend's own)."""
+    from .resources import check_fits, state_bytes
+
+    if seq_len < 1 or batch < 1 or decode_steps < 0:
+        raise UsageError(f"seq_len {seq_len}, batch {batch} must be >= 1 and decode_steps {decode_steps} >= 0")
+    tokens = seq_len + decode_steps  # before anything is allocated: one prefill's logits and the state
+    check_fits(f"bench: batch {batch} x {tokens} tokens of {model.config.vocab_size} logits and their state",
+               batch * seq_len * model.config.vocab_size * 4 + state_bytes(model, batch, tokens)[0], UsageError)
     temporary = out_root is None
     root = Path(tempfile.mkdtemp(prefix="k3c-bench-")) if temporary else Path(out_root)
     try:

@@ -115,20 +115,11 @@ def write_json(path: str, data: dict) -> None:
         raise UsageError(f"--json {path}: cannot write ({err.strerror})") from None
 
 
-# CUDA's launch limits: blocks in a grid's x, and in its y and z
-GRID_X, GRID_YZ = 2**31 - 1, 65535
-
-
 def aot_seq_len(seq_len: int) -> None:
-    """--seq-len of a Triton AOT compile: the chunked kernels put T / chunk in a grid's y
-    (chunk_output's grid is (V / BV, T / C, B H)), which CUDA caps at 65535 blocks; a longer
-    length would compile kernels no GPU can launch."""
-    from .kernels.delta_chunk import DEFAULT_CHUNK_SIZE
+    """--seq-len of a Triton AOT compile: grids a GPU can launch (the backend's own check)."""
+    from .backends.triton.aot import check_launch_limits
 
-    chunks = -(-seq_len // DEFAULT_CHUNK_SIZE)
-    if chunks > GRID_YZ:
-        raise UsageError(f"--seq-len {seq_len}: {chunks} chunks of {DEFAULT_CHUNK_SIZE} tokens in a grid's y exceed "
-                         f"CUDA's launch limit of {GRID_YZ} blocks (at most {GRID_YZ * DEFAULT_CHUNK_SIZE} tokens)")
+    check_launch_limits(seq_len, "--seq-len")
 
 
 def flag_conflicts(args: argparse.Namespace) -> None:

@@ -117,21 +117,16 @@ def generate(run, prompts: list[list[int]], max_new_tokens: int, progress=None) 
 def check_cache_fits(model, batch: int, capacity: int) -> None:
     """Fixed caches of `capacity` rows for `batch` sequences, refused (UsageError, with the
     numbers) when they cannot fit the memory available, or past the model's position table."""
-    from .models.validate import state_spec
-    from .resources import check_fits
+    from .resources import check_fits, state_bytes
 
     limit = getattr(model.config, "n_positions", None)
     if limit is not None and capacity > limit:
         raise UsageError(f"caches of {capacity} rows (prompt + --max-new-tokens) exceed {model.name}'s position "
                          f"table (n_positions = {limit})")
-    row = fixed = 0
-    for shape, grow, dtype in state_spec(model).values():
-        n = dtype.itemsize
-        for axis, d in enumerate(shape):
-            n *= 1 if axis in grow else d
-        row, fixed = (row + n, fixed) if grow else (row, fixed + n)
-    check_fits(f"caches of {capacity} rows for {batch} sequence(s) ({row} bytes a row)",
-               batch * (capacity * row + fixed), UsageError)
+    need, row = state_bytes(model, batch, capacity)
+    # the tokens generated are kept too (int64 each): a model without caches is bounded by them
+    check_fits(f"caches of {capacity} rows for {batch} sequence(s) ({row} bytes a row) and their tokens",
+               need + batch * capacity * 8, UsageError)
 
 
 def _draft_runner(args, model, capacity: int, batch: int):

@@ -39,4 +39,18 @@ def check_fits(what: str, need: int, error: type[Exception]) -> None:
         raise error(f"{what} needs at least {gib(need)}, more than the {gib(have)} of memory available")
 
 
-__all__ = ["available_memory", "check_fits", "gib"]
+def state_bytes(model, batch: int, rows: int) -> tuple[int, int]:
+    """(bytes of a state for `batch` sequences whose caches hold `rows` rows, bytes a cache row
+    takes for one sequence), from the model's state layout (models.validate.state_spec)."""
+    from .models.validate import state_spec
+
+    row = fixed = 0
+    for shape, grow, dtype in state_spec(model).values():
+        n = dtype.itemsize
+        for axis, d in enumerate(shape):
+            n *= 1 if axis in grow else d
+        row, fixed = (row + n, fixed) if grow else (row, fixed + n)
+    return batch * (rows * row + fixed), row
+
+
+__all__ = ["available_memory", "check_fits", "gib", "state_bytes"]

@@ -67,6 +67,25 @@ def target(name: str) -> Target:
     return TARGETS[name]
 
 
+# CUDA's launch limits: blocks in a grid's x, and in its y and z
+GRID_X, GRID_YZ = 2**31 - 1, 65535
+
+
+def check_launch_limits(seq_len: object, what: str = "seq_len") -> None:
+    """The prefill length an AOT compile is for must give grids a GPU can launch: the chunked
+    kernels put T / chunk in a grid's y (chunk_output's grid is (V / BV, T / C, B H)), which
+    CUDA caps at 65535 blocks. One check for `k3c.compile(target=...)` and the CLI's --seq-len."""
+    from ...errors import UsageError
+    from ...kernels.delta_chunk import DEFAULT_CHUNK_SIZE
+
+    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
+        raise UsageError(f"{what} {seq_len!r}: the prefill length of an AOT compile must be an int >= 1")
+    chunks = -(-seq_len // DEFAULT_CHUNK_SIZE)
+    if chunks > GRID_YZ:
+        raise UsageError(f"{what} {seq_len}: {chunks} chunks of {DEFAULT_CHUNK_SIZE} tokens in a grid's y exceed "
+                         f"CUDA's launch limit of {GRID_YZ} blocks (at most {GRID_YZ * DEFAULT_CHUNK_SIZE} tokens)")
+
+
 class AotError(RuntimeError):
     """Kernels that do not compile (or could not launch): one line each, kernels.json written."""
 

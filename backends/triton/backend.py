@@ -74,9 +74,11 @@ class TritonBackend:
             raise ValueError(f"triton backend: compute must be None (the model's dtypes) or 'f32', got {compute!r}")
         self.compute_dtype = compute  # "f32": a BF16 model computes in float32 (the compute-dtype pass)
         if target is not None:
+            from .aot import DEFAULT_SEQ_LEN, check_launch_limits
             from .aot import target as known_target
 
             known_target(target)
+            check_launch_limits(DEFAULT_SEQ_LEN if seq_len is None else seq_len)  # before any capture
         elif seq_len is not None or batch is not None or jobs is not None:
             raise TypeError("triton backend: seq_len, batch and jobs configure the AOT compile; give a target too")
         given = {"seq_len": seq_len, "batch": batch, "jobs": jobs}

@@ -7,9 +7,7 @@ The `torch.ops.k3c.*` ops that models call are made from the IR op specs (see op
 if __name__ != "k3c.kernels":  # this folder imported under its bare name, e.g. by a script in the repository root
     from . import bare_name  # a library's probe gets a stand-in that holds nothing; an import statement, the error
 
-    if not bare_name.probed():
-        raise ImportError(bare_name.message(__name__))
-    bare_name.stand_in(__name__, __file__)
+    bare_name.guard(globals())
 
 
 from . import mxfp4, ops  # noqa: F401  (ops.kda(...): the torch ops by name)

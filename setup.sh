@@ -10,3 +10,13 @@ fi
 # torch first and pinned: the CPU wheel. A bare `torch` requirement would pull a CUDA build.
 .venv/bin/python -m pip install -q --disable-pip-version-check "torch==2.13.0"
 .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test]"
+# onnxruntime: the GPU wheel of the same version where an NVIDIA driver answers (its CUDA
+# execution provider: k3c.compile(..., providers=["CUDAExecutionProvider"])), the CPU wheel
+# elsewhere. Both install the module `onnxruntime`, so the CPU one goes first, and the GPU one
+# is reinstalled on every run (the line above puts the CPU wheel's files back over it).
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  ORT_VERSION=$(.venv/bin/python -c "import importlib.metadata as m; print(m.version('onnxruntime'))")
+  .venv/bin/python -m pip uninstall -q -y onnxruntime
+  .venv/bin/python -m pip install -q --disable-pip-version-check --force-reinstall --no-deps \
+    "onnxruntime-gpu==$ORT_VERSION"
+fi

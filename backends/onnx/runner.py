@@ -23,6 +23,7 @@ from ..contract import check_limits
 from ..manifest import evaluate
 from .artifact import check_manifest
 from .inplace import aliases, run_bound
+from .providers import check_session, resolve
 
 
 def default_providers() -> list[str]:
@@ -80,7 +81,11 @@ class OnnxRunner:
         if "weights" in manifest:
             listed(self.out_dir, manifest, manifest["weights"], "weights")
         self.manifest = manifest
-        self.providers = providers or default_providers()
+        import onnxruntime as ort
+
+        # names checked against this onnxruntime, the CPU provider appended (providers.py)
+        self.providers = resolve(providers, ort.get_available_providers(), ort.__version__)
+        self.asked_providers = providers  # None: the default, which may fall back to the CPU
         self.threads, self.spinning = threads, spinning
         self._sessions: dict = {}
         self.entries: dict[str, dict] = self.manifest["entries"]  # file, inputs, outputs of each graph
@@ -101,7 +106,9 @@ class OnnxRunner:
                 opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
             path = self.out_dir / self.manifest["entries"][entry]["file"]
             self._check_external_data(path)
-            self._sessions[entry] = ort.InferenceSession(str(path), opts, providers=self.providers)
+            session = ort.InferenceSession(str(path), opts, providers=self.providers)
+            check_session(session, self.asked_providers or [], ort.__version__)  # no silent CPU fallback
+            self._sessions[entry] = session
         return self._sessions[entry]
 
     def _check_external_data(self, path: Path) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from ..errors import UsageError
+from ..errors import CheckpointError, UsageError
 from ..models.checkpoint.layouts import canonical_name, detect_layout, detect_prefix, is_skipped, plan, tied_aliases
 from ..models.checkpoint.loading import check
 from ..models.checkpoint.shards import DTYPES, TensorInfo
@@ -46,7 +46,10 @@ def from_hf_model(model: torch.nn.Module) -> torch.nn.Module:
     config = getattr(model, "config", None)
     if config is None or not hasattr(config, "to_dict"):
         raise UsageError(f"{type(model).__name__} is neither a k3c model nor a transformers model with a config")
-    cfg = config_from_json(config.to_dict())
+    try:
+        cfg = config_from_json(config.to_dict())
+    except CheckpointError as err:  # the reader speaks of config.json; here it is the model's config
+        raise CheckpointError(f"{type(model).__name__}: its config is no model k3c reads: {err}") from None
     sd = {canonical_name(k): v for k, v in _state_dict(model).items()}
     prefix = detect_prefix(list(sd)) if isinstance(cfg, KimiConfig) else ""
     sd = {k: v for k, v in sd.items() if not is_skipped(k, prefix)}

@@ -37,6 +37,8 @@ log = logging.getLogger("k3c.torch_compile")
 
 OPTIONS = ("backend", "flavour", "target", "passes", "compute")
 DEFAULT_BACKEND = "onnx"
+GRAD_REASON = ("autograd is on and an input or weight requires grad: k3c's artifacts compute no gradients "
+               "(call it under torch.no_grad() or torch.inference_mode())")
 
 
 @dataclass
@@ -189,7 +191,7 @@ class _Runner:
 
     def __init__(self, module: _Graph, gm: torch.fx.GraphModule, name: str, backend: str, options: dict):
         self.module, self.gm, self.name, self.backend, self.options = module, gm, name, backend, options
-        self.compiled, self.eager = None, None
+        self.compiled, self.eager, self.grad_said = None, None, False
         self.versions = [(pos, w, w._version) for pos, w in module.weights]
 
     def _compile(self, tensors: tuple) -> None:
@@ -211,6 +213,11 @@ class _Runner:
         if self.eager is None and any(args[pos] is not w or w._version != v for pos, w, v in self.versions):
             self.eager = _fall_back(self.name, _Refused("a weight changed after k3c compiled the graph"), self.gm)
         tensors = tuple(args[p] for p in self.module.tensor_positions)
+        if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+            if not self.grad_said:  # this call only: under no_grad the same graph runs on k3c
+                self.grad_said = True
+                _fall_back(self.name, _Refused(GRAD_REASON), self.gm)
+            return self.gm(*args)
         if self.eager is None and self.compiled is None:
             with torch.no_grad():
                 self._compile(tensors)

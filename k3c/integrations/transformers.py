@@ -52,7 +52,8 @@ _IGNORED = ("position_ids", "cache_position", "use_cache", "return_dict", "outpu
 class K3cExportConfig(ExportConfigMixin):
     """How k3c compiles the model: `backend` ("onnx", "tvm", "reference", "triton"), the
     ONNX `flavour` ("portable", "ort"), the TVM `target` ("llvm", "cuda"), the pass
-    pipeline, fixed-capacity caches (`max_context`) and the compute policy of a BF16 model."""
+    pipeline, fixed-capacity caches (`max_context`), the compute policy of a BF16 model, and
+    the folder the artifact is written to (`out_dir`; None: a new temporary folder)."""
 
     export_format: str = EXPORT_FORMAT
     backend: str = "onnx"
@@ -61,6 +62,7 @@ class K3cExportConfig(ExportConfigMixin):
     passes: str = "default"
     max_context: int | None = None
     compute: str | None = None
+    out_dir: str | None = None
 
     def __post_init__(self):
         if self.backend not in BACKENDS:
@@ -104,8 +106,8 @@ def _compile(model: torch.nn.Module, sample_inputs: dict, config: K3cExportConfi
         raise InputError("k3c exporter: sample_inputs must hold input_ids, an int64 tensor [batch, tokens]; "
                          f"got {sorted(sample_inputs) if isinstance(sample_inputs, dict) else type(sample_inputs)}")
     ours = from_hf_model(model)
-    compiled = k3c_compile(ours, config.backend, (ids,), passes=config.passes, max_context=config.max_context,
-                           compute=config.compute, **config.backend_options())
+    compiled = k3c_compile(ours, config.backend, (ids,), config.out_dir, passes=config.passes,
+                           max_context=config.max_context, compute=config.compute, **config.backend_options())
     return K3cProgram(compiled.out_dir, config.backend, config.backend_options(), compiled.graphs, compiled)
 
 

@@ -86,6 +86,14 @@ def test_weight_changed_in_place_runs_eagerly_from_then_on():
     assert [reason for _, reason in tc.stats.fallbacks] == ["a weight changed after k3c compiled the graph"]
 
 
+def test_a_call_autograd_records_runs_eagerly_with_its_gradients():
+    module = Block().eval()
+    compiled = torch.compile(module, backend="k3c")
+    compiled(torch.randn(2, 5, 24)).sum().backward()
+    assert module.up.weight.grad is not None and module.up.weight.grad.abs().sum() > 0
+    assert tc.stats.compiles == 0 and [r for _, r in tc.stats.fallbacks] == [tc.GRAD_REASON]
+
+
 def test_unknown_option_is_a_usage_error():
     with pytest.raises(Exception) as info:
         torch.compile(Block(), backend="k3c", options={"backnd": "tvm"})(torch.randn(2, 3, 24))

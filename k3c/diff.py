@@ -14,7 +14,6 @@ unless `keep`).
 
 from __future__ import annotations
 
-import copy
 import json
 import shutil
 import tempfile
@@ -32,6 +31,7 @@ from .errors import UsageError
 from .models.precision import bf16_policy, fp32_copy, low_precision
 from .numerics import BF16_COMPUTE, Tolerance, compare, model_tolerance, rel_rms_err
 from .resources import check_fits
+from .yardstick import float64_copy, float64_mode
 
 
 @dataclass
@@ -168,8 +168,9 @@ def _run_eager(model, ids, seq_len: int, decode_steps: int):
 
 def _eager(model, ids, seq_len: int, decode_steps: int) -> _Eager:
     (logits, state), steps, final = _run_eager(model, ids, seq_len, decode_steps)
-    exact = copy.deepcopy(model).double()  # the yardstick of the tolerances (numerics.model_tolerance)
-    (x_logits, x_state), x_steps, x_final = _run_eager(exact, ids, seq_len, decode_steps)
+    exact = float64_copy(model)  # the yardstick of the tolerances (numerics.model_tolerance)
+    with float64_mode():  # float64 throughout, the models' float32 casts included (k3c/yardstick.py)
+        (x_logits, x_state), x_steps, x_final = _run_eager(exact, ids, seq_len, decode_steps)
     pairs = {"prefill/logits": (logits, x_logits)}
     pairs.update({f"prefill/{k}": (v, x_state[k]) for k, v in state.items()})
     pairs.update({f"decode{i}/logits": ab for i, ab in enumerate(zip(steps, x_steps))})

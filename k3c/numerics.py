@@ -176,13 +176,16 @@ def model_tolerance(eager: torch.Tensor, exact: torch.Tensor, dtype: torch.dtype
     factors times the noise of `eager` (the model in its dtype) against `exact` (the same
     model in float64), and at least the dtype's row.
 
-    Why the floor: the float64 copy is not float64 throughout. k3c's models and kernels keep
-    fp32 islands on purpose (norms, the router, the recurrent kernels cast with `.float()`, the
-    chunked form and the expert accumulator are fp32 by construction), so where the two runs
-    feed an island nearly the same bits they share its rounding, and the measured noise misses
-    it. Where that rounding is amplified (the router at low scores: a sigmoid of a large
-    negative score has a condition of |x|) the measured noise alone is too low by 2x; the row,
-    kappa sqrt(n) u of one op, is what such an island contributes at least."""
+    The float64 copy is float64 throughout (k3c/yardstick.py): the models' deliberate fp32
+    casts (norms, the router, gates, new states, inside the k3c ops too) stay float64 there.
+    Before it did, those fp32 islands were shared by the two runs, their rounding was missed,
+    and where it is amplified (the router at low scores: a sigmoid of a large negative score
+    has a condition of |x|) the measured noise was too low and a correct backend failed.
+
+    Why the floor: the noise is measured on one input, and a tensor whose error happens to
+    cancel there (a few elements, a state the step barely changed) would get a tolerance
+    below what one op of a different but equally good rounding chain differs by; the row,
+    kappa sqrt(n) u of one op, is that at least."""
     row = TOLERANCES.get(dtype or eager.dtype, TOLERANCES[torch.float32])
     return Tolerance(max_abs=max(row.max_abs, MODEL_SAFETY_MAX * scaled_max_abs_err(eager, exact)),
                      rel_rms=max(row.rel_rms, MODEL_SAFETY_RMS * rel_rms_err(eager, exact)))

@@ -254,7 +254,7 @@ def _gated_mlp(ctx: LowerContext, node, x, w):
     x2 = R.reshape(x, relax.ShapeExpr([rows, D_]))
     if packable(ctx, node):
         gu = packed_gemm(ctx, ctx.bb.emit(x2), w, rows, I2, D_, decode=decode_step(ctx, node.inputs[0]),
-                         wdtype=stored(ctx, node.inputs[1]))
+                         wdtype=stored(ctx, node.inputs[1]), x_value=node.inputs[0])
     else:
         gu = ctx.bb.emit(R.matmul(x2, R.permute_dims(as_f32(ctx, node.inputs[1], w), [1, 0])))
     y = _activation(ctx, gu, rows, I2 // 2, a["act"], a["beta"], a["linear_beta"])

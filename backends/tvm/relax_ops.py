@@ -14,8 +14,6 @@ gathers. Elsewhere the cast is Relax's, lifted to load time like any weight-only
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 import sympy
 import torch
@@ -78,7 +76,12 @@ def _pow(ctx, node, a, b):
 def _cast(ctx, node, x):
     if stored(ctx, node.outputs[0]):
         return x  # its readers take the stored weight and widen it themselves: no float32 copy
-    return R.astype(x, DTYPES[ctx.attrs(node)["dtype"]])
+    dtype = DTYPES[ctx.attrs(node)["dtype"]]
+    if dtype == "bfloat16" and ctx.type_of(node.inputs[0]).dtype == "f32":
+        from .bf16_dot import rounded  # TVM drops a fused cast to bf16 and back: round on the bits first
+
+        x = rounded(ctx, x, node.inputs[0])
+    return R.astype(x, dtype)
 
 
 def _full(ctx, node):
@@ -204,22 +207,25 @@ def decode_step(ctx, value: str) -> bool:
     return t.rank >= 2 and t.shape[-2] == 1
 
 
-@functools.cache
-def panel_width() -> int:
-    """Columns per GEMM panel for the CPU the llvm target builds for (this machine's):
-    two vectors, 32 with AVX-512, else 16 (kernels/common/tvm/gemm.py)."""
-    import tvm
+def panel_width(mcpu: str | None = None) -> int:
+    """Columns per GEMM panel for the CPU the llvm target builds for (this machine's, or the
+    `-mcpu` named): two vectors, 32 with AVX-512, else 16 (kernels/common/tvm/gemm.py)."""
+    from .bf16_dot import target_has
 
-    from .target import make_target
-
-    return WIDE_PANEL if tvm.target.codegen.llvm_cpu_has_features(["avx512f"], make_target("llvm")) else PANEL
+    return WIDE_PANEL if target_has("avx512f", mcpu) else PANEL
 
 
-def packed_gemm(ctx, x2, w, M, N: int, K: int, decode: bool, wdtype: str | None = None) -> relax.Expr:
+def packed_gemm(ctx, x2, w, M, N: int, K: int, decode: bool, wdtype: str | None = None,
+                x_value: str | None = None) -> relax.Expr:
     """x2 [M, K] @ w[N, K]^T -> [M, N] through kernels/common/tvm/gemm.py; the packing of w is
     weight-only, so the build lifts it to load time. `wdtype` is w's stored dtype ("bfloat16":
-    the panels stay BF16 and the kernel widens them), None for float32."""
-    c = panel_width()
+    the panels stay BF16 and the kernel widens them), None for float32. `x_value`, x2's IR
+    value, lets a BF16 GEMM take the CPU's BF16 dot products (bf16_dot.py decides)."""
+    from .bf16_dot import dot_gemm, takes_dot
+
+    if takes_dot(ctx, x_value, wdtype, decode):
+        return dot_gemm(ctx, x2, w, M, N, K)
+    c = panel_width(ctx.options.get("mcpu"))
     P = -(-N // c)
     wpad = w if P * c == N else R.nn.pad(w, [0, P * c - N, 0, 0])
     wp = ctx.bb.emit(R.permute_dims(R.reshape(wpad, [P, c, K]), [0, 2, 1]))
@@ -239,7 +245,8 @@ def _packed_linear(ctx, node, x, w):
     for d in lead[1:]:
         M = M * d
     x2 = ctx.bb.emit(R.reshape(x, [M, K]))
-    y = packed_gemm(ctx, x2, w, M, N, K, decode=decode_step(ctx, node.inputs[0]), wdtype=stored(ctx, node.inputs[1]))
+    y = packed_gemm(ctx, x2, w, M, N, K, decode=decode_step(ctx, node.inputs[0]), wdtype=stored(ctx, node.inputs[1]),
+                    x_value=node.inputs[0])
     return R.reshape(y, [*lead, N])
 
 

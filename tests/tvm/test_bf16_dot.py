@@ -90,3 +90,72 @@ def test_sapphirerapids_build_holds_vdpbf16ps():
     lib = tvm.compile(dot_linear(130, 45), target=make_target("llvm -mcpu=sapphirerapids"))
     asm = lib.mod.inspect_source("asm")
     assert asm.count("vdpbf16ps") >= 16, "8 rows x 2 vectors of a tile: one vdpbf16ps each per k pair"
+
+
+GRAPH = """graph g {{
+  dim M in [1, inf]
+  input %x: f32[M, 37]
+  weight %w: bf16[45, 37]
+  %xb: bf16[M, 37] = cast(%x) {{dtype="bf16"}}
+  %xr: f32[M, 37] = cast(%xb) {{dtype="f32"}}
+  %wf: f32[45, 37] = cast(%w) {{dtype="f32"}}
+  %y: f32[M, 45] = linear(%{x}, %wf)
+  output y = %y
+}}
+"""
+
+
+def _graphs(x: str = "xr") -> dict:
+    """A linear of compute="bf16" (the activation rounded to BF16: %xr) or of compute="f32" (%x)."""
+    from k3c.ir import parse
+
+    g = parse(GRAPH.format(x=x))
+    g.weights["w"] = torch.randn(45, 37, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    return {"forward": g}
+
+
+def test_a_bf16_compute_gemm_takes_the_dot_only_for_a_cpu_with_avx512_bf16():
+    """Decided from the target when the module is lowered: a sapphirerapids build packs the
+    weight once at load (transform_params) and calls the dot kernel; this host's build (AVX2)
+    and a float32 activation on any CPU keep the float32 panel kernel."""
+    from k3c.backends.tvm import TvmBackend
+
+    there = TvmBackend(target="llvm -mcpu=sapphirerapids").show(_graphs())
+    params = there[there.index("def transform_params"):]
+    assert "cls.dot_linear_bf16" in there and "cls.pack_panels_bf16" in params, there
+    assert "cls.dot_linear_bf16" not in TvmBackend(target="llvm -mcpu=sapphirerapids").show(_graphs("x"))
+    here = TvmBackend().show(_graphs())
+    assert ("cls.dot_linear_bf16" in here) == NATIVE and ("cls.packed_linear" in here) != NATIVE
+
+
+@pytest.mark.parametrize("M", [1, 7, 64])
+def test_the_host_build_of_a_bf16_compute_linear_matches_torch(tmp_path, M):
+    """Whichever kernel this host's features chose, the product of the BF16 operands."""
+    from k3c.backends.tvm import TvmBackend
+
+    graphs = _graphs()
+    be = TvmBackend()
+    out = be.lower(graphs, tmp_path)
+    x = torch.randn(M, 37, generator=torch.Generator().manual_seed(M))
+    (y,) = be.load(out).run("forward", x)
+    assert_close(y, _reference(x, graphs["forward"].weights["w"]), what=f"host build M={M}")
+
+
+def test_a_compiled_bf16_model_rounds_each_gemm_operand(tmp_path):
+    """Two linears of a BF16 module through k3c.compile(..., compute="bf16") on this host: the
+    eager policy (models.precision.bf16_policy) at float32's row, and off from float32 compute
+    by more than that row. (TVM's TIR dropped the cast to bf16 and back when Relax fused the
+    two casts: the operands went unrounded until the cast rounded on the bits.)"""
+    import k3c
+    from k3c.models.precision import bf16_policy, fp32_copy
+    from k3c.numerics import TOLERANCES, compare
+
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(64, 96, bias=False), torch.nn.SiLU(),
+                            torch.nn.Linear(96, 37, bias=False)).to(torch.bfloat16)
+    x = torch.randn(2, 9, 64).to(torch.bfloat16)
+    got = k3c.compile(m, "tvm", (x,), out_dir=tmp_path, compute="bf16", dynamic=False)(x.float())
+    with torch.no_grad():
+        want, fp32 = bf16_policy(m)(x.float()), fp32_copy(m)(x.float())
+    assert compare(got, want, tolerance=TOLERANCES[torch.float32]).ok, compare(got, want)
+    assert not compare(got, fp32, tolerance=TOLERANCES[torch.float32]).ok

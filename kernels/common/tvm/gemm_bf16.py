@@ -154,3 +154,27 @@ def dot_linear(K: int, N: int, rows: int = ROWS, c: int = PANEL, dot: str = "nat
                                 y[(t % tiles) * R_ + i, (t // tiles) * cc + j] = acc[i, j]
 
     return kernel
+
+
+def round_bf16(chunk: int = 256) -> tirx.PrimFunc:
+    """x [n] float32 -> y [n] float32: each value rounded to the nearest BF16 value (ties to even;
+    NaN stays NaN), n dynamic. The compute="bf16" policy's rounding of a GEMM operand is a cast
+    to bf16 and back, and TVM's TIR drops such a pair when both casts land in one expression
+    (BF16ComputeLegalize): computed on the bits here, the rounding survives that. Opaque and
+    scheduled here (chunks of `chunk` a task), so Relax fuses it with nothing."""
+    C = T.int64(chunk)
+
+    @T.prim_func(s_tir=True)
+    def kernel(x_h: T.handle, y_h: T.handle):
+        T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True, "op_pattern": 8})
+        n = T.int64()
+        x = T.match_buffer(x_h, (n,), "float32")
+        y = T.match_buffer(y_h, (n,), "float32")
+        for o in T.parallel((n + C - T.int64(1)) // C):
+            for i in range(C):
+                with T.sblock("round_bf16"):
+                    v = T.axis.spatial(n, o * C + i)
+                    T.where(o * C + i < n)
+                    y[v] = T.reinterpret("float32", _half(x[v], "float32") << T.uint32(16))
+
+    return kernel

@@ -83,6 +83,52 @@ def causal_mask(b: Builder, C: str, strict: bool = False) -> str:
     return b.Less(j, i) if strict else b.Not(b.Greater(j, i))
 
 
+def causal_matmul(b: Builder, A: str, x: str, C: str) -> str:
+    """A @ x for A [.., C, C] lower-triangular (zero above the diagonal) and x [.., C, N] in time
+    order (rank 5), with rows before a non-finite row of x (or column of A) left finite, as the
+    recurrence leaves them: a MatMul multiplies the zeros above the diagonal by that NaN or inf
+    (0 * NaN = NaN) and spreads it to earlier tokens of the chunk. All-finite products (the
+    usual case) cost one ReduceSum; otherwise an If takes the sum over j <= i selected by Where
+    (k3c.kernels.delta_chunk.causal_matmul, in ONNX)."""
+    y = b.MatMul(A, x)
+    finite = _finite(b, y)
+    t = Builder("finite_product")
+    plain = subgraph(t, "causal_product", [], [(t.Identity(y), "f32", 5)])
+    e = Builder("selected_product")
+    terms = e.Mul(e.unsqueeze(A, -1), e.unsqueeze(x, -3))  # [.., C(i), C(j), N]
+    kept = e.Where(e.unsqueeze(causal_mask(e, C), -1), terms, e.const(0.0))
+    selected = subgraph(e, "causal_product_selected", [], [(e.ReduceSum(kept, e.ints([-2]), keepdims=0), "f32", 5)])
+    return b.op("If", [finite], 1, then_branch=plain, else_branch=selected)
+
+
+def _finite(b: Builder, x: str) -> str:
+    """bool scalar: no NaN or inf in x, by one sum."""
+    total = b.ReduceSum(x, keepdims=0)
+    return b.Not(b.Or(b.IsNaN(total), b.IsInf(total)))
+
+
+def nan_local_inverse(b: Builder, L: str, C: str) -> str:
+    """unit_lower_inverse(L) with a non-finite entry of L kept to its row and the rows after it,
+    where the recurrence puts it: the blocked products of the inverse multiply the zeros above
+    a block's diagonal by it and would spread it to earlier rows. All-finite L (the usual case)
+    costs one ReduceSum; otherwise the inverse of L with those entries zeroed, NaN from the
+    first row that held one."""
+    finite = _finite(b, L)
+    t = Builder("finite_lower")
+    e = Builder("zeroed_lower")
+    zeroed = e.Where(e.Or(e.IsNaN(L), e.IsInf(L)), e.const(0.0), L)
+    used = b.op("If", [finite], 1, then_branch=subgraph(t, "finite_lower", [], [(t.Identity(L), "f32", 5)]),
+                else_branch=subgraph(e, "zeroed_lower", [], [(zeroed, "f32", 5)]))
+    inv = unit_lower_inverse(b, used, C)
+    t = Builder("finite_inverse")
+    e = Builder("poisoned_inverse")
+    bad = e.ReduceMax(e.Cast(e.Or(e.IsNaN(L), e.IsInf(L)), to=F32), e.ints([-1]), keepdims=1)  # [.., C, 1]
+    after = e.Greater(e.CumSum(bad, e.const(-2, "i64")), e.const(0.0))  # rows from the first bad one on
+    poisoned = e.Where(after, e.const(float("nan")), inv)
+    return b.op("If", [finite], 1, then_branch=subgraph(t, "finite_inverse", [], [(t.Identity(inv), "f32", 5)]),
+                else_branch=subgraph(e, "poisoned_inverse", [], [(poisoned, "f32", 5)]))
+
+
 PAIR_BLOCK = 8  # rows per block of the pairwise in-block decays (when it divides C)
 
 
@@ -251,8 +297,8 @@ def chunk_prepare(b: Builder, q, k, v, beta, g, chunk_size, gate: str):
         kk, qk, q_dec, k_w, k_dec, decay_last = _no_gates(b, qc, kc)
     bc = to_chunks(b, beta, C, 3)  # [B, H, NC, C]
     L = b.Mul(b.unsqueeze(bc, -1), b.Trilu(kk, b.const(-1, "i64"), upper=0))
-    A = b.Mul(unit_lower_inverse(b, L, C), b.unsqueeze(bc, -2))
-    return q_dec, k_dec, b.MatMul(A, k_w), b.MatMul(A, vc), b.Trilu(qk, upper=0), decay_last
+    A = b.Mul(nan_local_inverse(b, L, C), b.unsqueeze(bc, -2))
+    return q_dec, k_dec, causal_matmul(b, A, k_w, C), causal_matmul(b, A, vc, C), b.Trilu(qk, upper=0), decay_last
 
 
 _PREPARE_OUT = "q_decayed k_decayed w u aqk decay_last"
@@ -304,5 +350,6 @@ def chunk_state_scan(b: Builder, w, u, k_decayed, decay_last, state):
 @function("chunk_output", "q_decayed aqk v_new start_states length", "o", {"scale": "float"})
 def chunk_output(b: Builder, q_decayed, aqk, v_new, start_states, length, scale):
     """o = scale ((q exp G) S_start + aqk v_new), unpadded to `length` (int64 [1], the T)."""
-    o = b.Add(b.MatMul(q_decayed, start_states), b.MatMul(aqk, v_new))
+    C = b.Shape(aqk, start=-1)
+    o = b.Add(b.MatMul(q_decayed, start_states), causal_matmul(b, aqk, v_new, C))
     return b.Mul(b.param(scale), from_chunks(b, o, length))

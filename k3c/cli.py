@@ -200,6 +200,12 @@ def _cmd_compile(args: argparse.Namespace) -> int:
         options["target"] = args.target
     if aot and args.seq_len:
         options["seq_len"] = args.seq_len
+    if args.expert_activations:
+        if name != "triton":
+            raise UsageError(f"--expert-activations is a triton option (the MXFP4 experts on sm_100), not {name}'s")
+        from .backends.triton.backend import expert_activations_for
+
+        options["expert_activations"] = expert_activations_for(args.expert_activations, args.target)  # said now
     if args.out is not None and not cli_module.is_module(args.model):  # a target not to replace fails now
         from .backends import artifact
 
@@ -274,7 +280,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--pipeline", default="default", help="pass pipeline (default: default)")
     s.add_argument("--flavour", help="onnx: custom-op flavour, portable or ort (with --backend all: a list, "
                                      "default portable,ort)")
-    s.add_argument("--target", help="tvm: llvm or cuda; triton: sm_80, sm_90 or sm_100 (every kernel compiled "
+    s.add_argument("--target", help="tvm: llvm (this CPU), 'llvm -mcpu=NAME' (another CPU) or cuda; "
+                   "triton: sm_80, sm_90 or sm_100 (every kernel compiled "
                    "ahead of time: cubins and kernels.json, no GPU needed)")
     s.add_argument("--dump-after", metavar="PASS", help="print the IR of each entry after this pass")
     s.add_argument("--verify", action="store_true", help="run the verifier after every pass")
@@ -284,6 +291,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--force", action="store_true", help="replace what --out holds, even another artifact")
     s.add_argument("--max-context", type=checks.count(2), help="fixed-capacity caches of this many rows")
     s.add_argument("--cache", choices=["fixed", "grow"], help="the caches' form (fixed needs --max-context)")
+    s.add_argument("--expert-activations", choices=["bf16", "mxfp8"],
+                   help="triton --target sm_100: the MXFP4 experts' activations into tl.dot_scaled, bf16 (default) "
+                   "or mxfp8 (the block-scaled MMA; rounds them to E4M3, 0.41 rel RMS on k3-tiny's logits)")
     _precision_args(s)
     cli_module.add_args(s)
     s.set_defaults(func=_cmd_compile)

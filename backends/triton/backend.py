@@ -62,16 +62,19 @@ class TritonBackend:
     compile when they first run (on the GPU, or the interpreter); "sm_80", "sm_90", "sm_100":
     `lower` also compiles every kernel ahead of time for that GPU (aot.py, at prefill length
     `seq_len` and `batch`, on `jobs` processes) and keeps the report in `aot_report`. The
-    target is decided here once: on sm_100 the module's MXFP4 experts call the block-scaled
-    kernels (kernels/moe/triton/mxfp4_scaled.py: MXFP8 activations), elsewhere the kernels that
+    target is decided here once: on sm_100 the module's MXFP4 experts call `tl.dot_scaled`
+    (kernels/moe/triton/mxfp4_scaled.py) with BF16 activations, or, with
+    `expert_activations="mxfp8"`, activations quantized to MXFP8 for the block-scaled MMA (a
+    numerics choice: k3-tiny's logits 0.41 rel RMS from BF16); elsewhere the kernels that
     decode the codes in registers."""
 
     name = "triton"
 
     def __init__(self, target: str | None = None, seq_len: int | None = None, batch: int | None = None,
-                 jobs: int | None = None, compute: str | None = None):
+                 jobs: int | None = None, compute: str | None = None, expert_activations: str | None = None):
         if compute not in (None, "f32"):
             raise ValueError(f"triton backend: compute must be None (the model's dtypes) or 'f32', got {compute!r}")
+        self.expert_activations = expert_activations_for(expert_activations, target)
         self.compute_dtype = compute  # "f32": a BF16 model computes in float32 (the compute-dtype pass)
         if target is not None:
             from .aot import DEFAULT_SEQ_LEN, check_launch_limits
@@ -101,7 +104,7 @@ class TritonBackend:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         title = next(iter(graphs.values())).meta.get("model") or next(iter(graphs.values())).name
-        (out / MODULE_FILE).write_text(generate_module(graphs, str(title), self.target))
+        (out / MODULE_FILE).write_text(generate_module(graphs, str(title), self.target, self.expert_activations))
         weights: dict[str, torch.Tensor] = {}
         for entry, g in graphs.items():
             for name, t in g.weights.items():
@@ -119,8 +122,9 @@ class TritonBackend:
                                 for e, g in graphs.items()}}
         if self.target:
             manifest["target"] = self.target
-            if _block_scaled_experts(self.target, graphs):  # a numerics choice: said where the artifact is
-                manifest["expert_activations"] = "mxfp8"
+            forms = expert_forms(self.target, graphs, self.expert_activations)
+            if forms:  # a numerics choice: said where the artifact is
+                manifest["expert_activations"] = ",".join(forms)
         (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
         if self.target:  # every kernel compiled for the GPU, inside the artifact before it is sealed
             from .aot import compile_kernels
@@ -168,12 +172,28 @@ class TritonBackend:
 MXFP4_EXPERT_OPS = frozenset({"moe_gate_up_mxfp4", "moe_down_mxfp4", "moe_experts_mxfp4"})
 
 
-def _block_scaled_experts(target: str, graphs: dict[str, Graph]) -> bool:
-    """Whether the module for `target` runs MXFP4 experts on the block-scaled MMA, which rounds
-    their activations to MXFP8 (lowering.py's _mxfp4_experts decides it from the same target)."""
+def expert_activations_for(value: str | None, target: str | None) -> str:
+    """The MXFP4 experts' activations into tl.dot_scaled: "bf16" (the default) or "mxfp8", which
+    only a target whose MMA takes block-scaled MX operands (sm_100) has a use for."""
     from .aot import TARGETS
 
-    return TARGETS[target].block_scaled and any(n.op in MXFP4_EXPERT_OPS for g in graphs.values() for n in g.nodes)
+    if value in (None, "bf16"):
+        return "bf16"
+    if value != "mxfp8":
+        raise UsageError(f"triton: expert activations {value!r}; known: bf16, mxfp8")
+    if target is None or not TARGETS[target].block_scaled:
+        raise UsageError(f"triton: expert activations 'mxfp8' feed the block-scaled MMA of sm_100; the target is "
+                         f"{target or 'none (give --target sm_100)'}")
+    return value
+
+
+def expert_forms(target: str, graphs: dict[str, Graph], requested: str = "bf16") -> list[str]:
+    """How the module's MXFP4 experts take their activations into tl.dot_scaled ("bf16",
+    "mxfp8"; none: they decode in registers), as codegen.expert_activations decides per op."""
+    from .codegen import expert_activations
+
+    return sorted({f for g in graphs.values() for n in g.nodes if n.op in MXFP4_EXPERT_OPS
+                   for f in [expert_activations(g, n, target, requested)] if f})
 
 
 def _import(path: Path):

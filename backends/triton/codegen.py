@@ -51,9 +51,11 @@ import triton.language as tl
 class ModuleWriter:
     """Collects the entries, the templates they use and the generated kernels."""
 
-    def __init__(self, title: str, reserved: frozenset[str] = frozenset(), target: str | None = None):
+    def __init__(self, title: str, reserved: frozenset[str] = frozenset(), target: str | None = None,
+                 expert_activations: str = "bf16"):
         self.title, self.reserved = title, reserved  # names no value may take (besides RESERVED)
         self.target = target  # the GPU the module is compiled for ("sm_100"), None: any
+        self.expert_activations = expert_activations  # "mxfp8": MXFP4 experts on the block-scaled MMA
         self.imports: dict[str, set[str]] = {}
         self.kernels: dict[str, tuple[str, bool]] = {}  # text with a placeholder name -> (name, broadcast)
         self.kernel_texts: list[str] = []
@@ -172,6 +174,10 @@ class EntryWriter:
 
         return self.module.target is not None and TARGETS[self.module.target].block_scaled
 
+    def expert_activations(self, node: Node) -> str | None:
+        """How MXFP4 expert op `node` takes its activations (module-level expert_activations)."""
+        return expert_activations(self.graph, node, self.module.target, self.module.expert_activations)
+
     # ---- the function -----------------------------------------------------------------
     def function(self) -> str:
         g = self.graph
@@ -282,15 +288,32 @@ def _factor(e: sympy.Expr) -> str:
     return f"({s})" if isinstance(e, sympy.Add) else s
 
 
-def generate_module(graphs: dict[str, Graph], title: str, target: str | None = None) -> str:
+def expert_activations(graph: Graph, node: Node, target: str | None, requested: str = "bf16") -> str | None:
+    """How an MXFP4 expert op's activations enter `tl.dot_scaled` on a target whose MMA takes
+    block-scaled MX operands (sm_100): "mxfp8" when the module asks for it (the block-scaled
+    MMA), else "bf16" when they are BF16 (a BF16 MMA on weights Triton decodes); None: the
+    kernels that decode in registers (other targets, and float32 activations, which
+    tl.dot_scaled would round to BF16)."""
+    from .aot import TARGETS
+
+    if target is None or not TARGETS[target].block_scaled:
+        return None
+    if requested == "mxfp8":
+        return "mxfp8"
+    return "bf16" if graph.types[node.inputs[0]].dtype == "bf16" else None
+
+
+def generate_module(graphs: dict[str, Graph], title: str, target: str | None = None,
+                    expert_activations: str = "bf16") -> str:
     """The module source for `graphs` ({"prefill": g, "decode": g} or {"forward": g}), for the
-    GPU `target` when given (aot.TARGETS: it picks the kernels of the MXFP4 experts).
+    GPU `target` when given (aot.TARGETS: it picks the kernels of the MXFP4 experts, and
+    `expert_activations` "mxfp8" their block-scaled form on sm_100).
 
     The names the lowerings import are known only once they have run: a value that took one
     of them is renamed by a second pass with those names reserved."""
     reserved: frozenset[str] = frozenset()
     while True:
-        writer = ModuleWriter(title, reserved, target)
+        writer = ModuleWriter(title, reserved, target, expert_activations)
         for entry, g in graphs.items():
             writer.add_entry(entry, g)
         imported = frozenset(n.split(" as ")[-1] for names in writer.imports.values() for n in names)

@@ -104,10 +104,15 @@ def _gated_mlp(cg, n: Node) -> str:
 
 def _mxfp4_experts(fn: str, attrs: tuple[str, ...] = ()) -> Callable:
     """An MXFP4 expert op: the kernels that decode the codes in registers (kernels/moe/triton/
-    mxfp4.py), or, for a target whose MMA multiplies MX operands with their scales (sm_100),
-    the block-scaled ones (mxfp4_scaled.py), which round the activations to MXFP8."""
+    mxfp4.py), or, on a target whose MMA multiplies MX operands with their scales (sm_100),
+    `tl.dot_scaled` (mxfp4_scaled.py) with the activations the module chose (codegen's
+    `expert_activations`: BF16, or MXFP8 for the block-scaled MMA when asked for)."""
     def lower(cg, n: Node) -> str:
-        return _call(fn + "_scaled" if cg.block_scaled else fn, "k3c.kernels.moe.triton", attrs=attrs)(cg, n)
+        acts = cg.expert_activations(n)
+        if acts is None:
+            return _call(fn, "k3c.kernels.moe.triton", attrs=attrs)(cg, n)
+        line = _call(fn + "_scaled", "k3c.kernels.moe.triton", attrs=attrs)(cg, n)
+        return f"{line[:-1]}, activations={acts!r})"  # the call's last argument, by keyword
     return lower
 
 

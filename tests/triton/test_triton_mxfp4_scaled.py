@@ -1,16 +1,19 @@
-"""The routed experts on the block-scaled tensor cores (kernels/moe/triton/mxfp4_scaled.py).
+"""The routed experts through `tl.dot_scaled` (kernels/moe/triton/mxfp4_scaled.py), with BF16
+activations (the default) or MXFP8 ones (the block-scaled tensor cores, opt-in).
 
 What the kernels compute is the naive expert (kernels/moe/naive.py) on the MXFP4 weights
 decoded by the numpy decoder written from the format's definition (tests/mxfp4_reference.py)
-and on activations rounded to MXFP8 by `mxfp8_reference` below, written from the OCP MX v1.0
-conversion with torch's own float8_e4m3fn cast (it shares nothing with the kernel's bit
-arithmetic). Under the interpreter, which has no `tl.dot_scaled`, the kernels multiply the
+and on activations rounded to BF16 by torch, or to MXFP8 by `mxfp8_reference` below, written
+from the OCP MX v1.0 conversion with torch's own float8_e4m3fn cast (it shares nothing with
+the kernel's bit arithmetic). Under the interpreter, which has no `tl.dot_scaled`, the kernels multiply the
 decoded operands with `tl.dot` (exact there): the quantizer, the loads of the stored layout,
 the masks and epilogues are the ones the GPU runs. Then the kernels compiled ahead of time for
-sm_100 (a subprocess with TRITON_INTERPRET=0, on meta tensors): every dot is the block-scaled
-`tcgen05.mma ... block_scale`, with no spills, at a decode step's and a prefill's blocks. Last,
-the backend's choice: a module written for sm_100 calls these kernels (and runs), one for
-sm_90 or for no target the kernels that decode in registers.
+sm_100 (a subprocess with TRITON_INTERPRET=0, on meta tensors), with no spills at a decode
+step's and a prefill's blocks: with MXFP8 every dot is the block-scaled `tcgen05.mma ...
+block_scale`; with BF16 activations a tcgen05 BF16 MMA (`kind::f16`: the hardware's
+block-scaled kinds take MX operands on both sides, so Triton decodes the weights for it).
+Last, the backend's choice: a module written for sm_100 calls these kernels (and runs), one
+for sm_90 or for no target the kernels that decode in registers.
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ from triton_inputs import DEVICE, gen
 
 from k3c import ir
 from k3c.backends.triton import generate_module
-from k3c.backends.triton.backend import _block_scaled_experts, _import
+from k3c.backends.triton.backend import TritonBackend, _import, expert_forms
+from k3c.errors import UsageError
 from k3c.kernels.moe.naive import moe_down as down_ref
 from k3c.kernels.moe.naive import moe_gate_up as gate_up_ref
 from k3c.kernels.moe.triton import moe_down_mxfp4_scaled as down_scaled
@@ -116,7 +120,7 @@ def test_gate_up_on_mxfp8_activations():
     for dtype in (torch.float32, torch.bfloat16):
         h = torch.randn(TOKENS, K, generator=gen(2)).to(dtype)
         idx, _ = routing()
-        got = moe_gate_up_mxfp4_scaled(*on_device(h, p13, s13, idx))
+        got = moe_gate_up_mxfp4_scaled(*on_device(h, p13, s13, idx), activations="mxfp8")
         want = gate_up_ref(mxfp8_qdq(h.float()), numpy_decode(p13, s13), idx)
         assert got.dtype == dtype and got.shape == (TOKENS, TOP_K, 2 * N_OUT)
         assert_close(got.float().cpu(), want, dtype, "gate/up")
@@ -128,7 +132,7 @@ def test_down_on_mxfp8_activations_combines(dtype):
     p2, s2 = packed_experts(N_OUT, K, seed=3)
     a = torch.randn(TOKENS, TOP_K, K, generator=gen(4)).to(dtype)
     idx, w = routing(1)
-    got = down_scaled(*on_device(a, p2, s2, idx, w))
+    got = down_scaled(*on_device(a, p2, s2, idx, w), activations="mxfp8")
     want = down_ref(mxfp8_qdq(a.float().reshape(-1, K)).reshape(a.shape), numpy_decode(p2, s2), idx, w)
     assert got.dtype == dtype and got.shape == (TOKENS, N_OUT)
     assert_close(got.float().cpu(), want, dtype, "down")
@@ -145,12 +149,49 @@ def test_whole_expert_writes_its_activation_as_mxfp8(dtype):
     p2, s2 = packed_experts(N_OUT, I, seed=6)
     h = (0.05 * torch.randn(TOKENS, D, generator=gen(7))).to(dtype)
     idx, w = routing(2)
-    got = moe_experts_mxfp4_scaled(*on_device(h, p13, s13, p2, s2, idx, w), act="situ", beta=4.0, linear_beta=3.0)
+    got = moe_experts_mxfp4_scaled(*on_device(h, p13, s13, p2, s2, idx, w), act="situ", beta=4.0, linear_beta=3.0,
+                                   activations="mxfp8")
     gu = gate_up_ref(mxfp8_qdq(h.float()), numpy_decode(p13, s13), idx)
     a = activation(gu[..., :I], gu[..., I:], "situ", 4.0, 3.0)
     want = down_ref(mxfp8_qdq(a.reshape(-1, I)).reshape(a.shape), numpy_decode(p2, s2), idx, w)
     assert got.dtype == dtype and got.shape == (TOKENS, N_OUT)
     assert_close(got.float().cpu(), want, dtype, "experts")
+
+
+
+def bf16(x: torch.Tensor) -> torch.Tensor:
+    return x.to(torch.bfloat16).float()
+
+
+@dtypes
+def test_gemms_on_bf16_activations(dtype):
+    """The default: the activations go into tl.dot_scaled as BF16 (float32 ones rounded to it)."""
+    K = 96  # a partial block of K (BK = 128) and three scale groups
+    p13, s13 = packed_experts(2 * N_OUT, K, seed=12)
+    h = torch.randn(TOKENS, K, generator=gen(13)).to(dtype)
+    idx, w = routing(4)
+    got = moe_gate_up_mxfp4_scaled(*on_device(h, p13, s13, idx))
+    assert got.dtype == dtype and got.shape == (TOKENS, TOP_K, 2 * N_OUT)
+    assert_close(got.float().cpu(), gate_up_ref(bf16(h), numpy_decode(p13, s13), idx), dtype, "gate/up bf16")
+    p2, s2 = packed_experts(N_OUT, K, seed=14)
+    a = torch.randn(TOKENS, TOP_K, K, generator=gen(15)).to(dtype)
+    got = down_scaled(*on_device(a, p2, s2, idx, w))
+    assert got.dtype == dtype and got.shape == (TOKENS, N_OUT)
+    assert_close(got.float().cpu(), down_ref(bf16(a), numpy_decode(p2, s2), idx, w), dtype, "down bf16")
+
+
+def test_whole_expert_on_bf16_activations_writes_its_hidden_in_bf16():
+    D, I = 64, 32
+    p13, s13 = packed_experts(2 * I, D, seed=16)
+    p2, s2 = packed_experts(N_OUT, I, seed=17)
+    h = (0.05 * torch.randn(TOKENS, D, generator=gen(18))).to(torch.bfloat16)
+    idx, w = routing(5)
+    got = moe_experts_mxfp4_scaled(*on_device(h, p13, s13, p2, s2, idx, w), act="situ", beta=4.0, linear_beta=3.0)
+    gu = gate_up_ref(h.float(), numpy_decode(p13, s13), idx)
+    a = activation(gu[..., :I], gu[..., I:], "situ", 4.0, 3.0)
+    want = down_ref(bf16(a), numpy_decode(p2, s2), idx, w)
+    assert got.dtype == torch.bfloat16 and got.shape == (TOKENS, N_OUT)
+    assert_close(got.float().cpu(), want, torch.bfloat16, "experts bf16")
 
 
 AOT_SCRIPT = textwrap.dedent("""
@@ -167,14 +208,15 @@ AOT_SCRIPT = textwrap.dedent("""
     rec = Recorder(target.gpu_target())
     meta = dict(device="meta")
     with rec.intercepting():
-        for N in (1, 512):  # a decode step (16-row blocks) and a prefill (64-row blocks)
+        for N, acts in ((1, "bf16"), (512, "bf16"), (1, "mxfp8"), (512, "mxfp8")):  # decode, prefill blocks
             moe_experts_mxfp4_scaled(torch.empty(N, D, dtype=torch.bfloat16, **meta),
                                      torch.empty(E, 2 * I, D // 2, dtype=torch.uint8, **meta),
                                      torch.empty(E, 2 * I, D // 32, dtype=torch.uint8, **meta),
                                      torch.empty(E, D, I // 2, dtype=torch.uint8, **meta),
                                      torch.empty(E, D, I // 32, dtype=torch.uint8, **meta),
                                      torch.empty(N, k, dtype=torch.int64, **meta),
-                                     torch.empty(N, k, dtype=torch.bfloat16, **meta), "situ", 4.0, None)
+                                     torch.empty(N, k, dtype=torch.bfloat16, **meta), "situ", 4.0, None,
+                                     activations=acts)
     out = Path(tempfile.mkdtemp())
     rows = [build(launch, target, out) for launch in rec.launches.values()]
     json.dump(rows, sys.stdout)
@@ -189,19 +231,30 @@ def aot_rows(tmp_path_factory):
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def test_the_expert_gemms_take_the_block_scaled_mma_on_sm100_without_spills(aot_rows):
+def test_the_expert_gemms_compile_for_sm100_without_spills(aot_rows):
+    """MXFP8 activations: every dot on the block-scaled MMA. BF16 ones (the default): a tcgen05
+    BF16 MMA, as the hardware's block-scaled kinds take MX operands on both sides."""
     names = {row["name"] for row in aot_rows}
     assert names == {"moe_gated_scaled_kernel", "moe_gemm_scaled_kernel", "mxfp8_quantize_kernel"}, names
+    forms = set()
     for row in aot_rows:
         what = f"{row['name']} {row['constexprs']}"
         assert row["ok"], f"{what}: {row.get('error')}"
         assert row["spill_bytes"] == 0 and row["local_bytes"] == 0, f"{what}: spills {row['spill_bytes']} bytes"
         assert row["shared_bytes"] <= 227 * 1024, what
-        if row["name"] != "mxfp8_quantize_kernel":
+        if row["name"] == "mxfp8_quantize_kernel":
+            continue
+        fmt = row["constexprs"]["X_FMT"]
+        forms.add((fmt, row["constexprs"]["BM"]))
+        if fmt == "e4m3":
             assert row["dot_kinds"] == ["e2m1 x e4m3"], what
             assert row["tensor_cores"] == "tcgen05.block_scale", f"{what}: {row['tensor_cores']}"
             assert all("block_scale" in m for m in row["mma"]), f"{what}: {row['mma']}"
-    assert {row["constexprs"]["BM"] for row in aot_rows if "BM" in row["constexprs"]} == {16, 64}
+        else:
+            assert row["dot_kinds"] == ["e2m1 x bf16"], what
+            assert row["tensor_cores"] == "tcgen05", f"{what}: {row['tensor_cores']}"
+            assert row["mma"] and all("kind::f16" in m for m in row["mma"]), f"{what}: {row['mma']}"
+    assert forms == {(f, bm) for f in ("e4m3", "bf16") for bm in (16, 64)}, forms
 
 
 EXPERTS_GRAPH = """
@@ -220,26 +273,56 @@ graph experts {
 """
 
 
-def test_the_target_picks_the_kernels_once_when_the_module_is_written(tmp_path):
-    """sm_100's module calls the block-scaled kernels (and runs: here under the interpreter),
-    sm_90's and a module for no target the ones that decode in registers."""
-    g = ir.parse(EXPERTS_GRAPH)
+def _experts_graph(dtype: str = "f32"):
+    g = ir.parse(EXPERTS_GRAPH.replace("f32[N, 64]", f"{dtype}[N, 64]").replace("f32[N, 32]", f"{dtype}[N, 32]"))
     p13, s13 = packed_experts(64, 64, seed=8)
     p2, s2 = packed_experts(32, 32, seed=9)
     g.weights.update(w13p=p13, w13s=s13, w2p=p2, w2s=s2)
-    for target in (None, "sm_90"):
-        source = generate_module({"forward": ir.verify(g)}, "t", target)
-        assert "moe_experts_mxfp4(h, " in source and "_scaled" not in source, target
-    source = generate_module({"forward": g}, "t", "sm_100")
-    assert "moe_experts_mxfp4_scaled(h, " in source
-    # and the artifact's manifest says so: expert_activations "mxfp8"
-    assert _block_scaled_experts("sm_100", {"forward": g}) and not _block_scaled_experts("sm_90", {"forward": g})
+    return ir.verify(g)
+
+
+def _run_module(tmp_path, source: str, g, h: torch.Tensor) -> torch.Tensor:
     (tmp_path / "m.py").write_text(source)
-    h = 0.05 * torch.randn(TOKENS, 64, generator=gen(10))
     idx, w = routing(3)
-    got = _import(tmp_path / "m.py").forward("forward", on_device(h, idx, w), dict(zip(g.weights, on_device(
-        *g.weights.values()))))[0]
-    gu = gate_up_ref(mxfp8_qdq(h), numpy_decode(p13, s13), idx)
+    return _import(tmp_path / "m.py").forward("forward", on_device(h, idx, w.to(h.dtype)), dict(zip(
+        g.weights, on_device(*g.weights.values()))))[0].float().cpu()
+
+
+def _want(g, h: torch.Tensor, rounding) -> torch.Tensor:
+    idx, w = routing(3)
+    p13, s13, p2, s2 = (g.weights[n] for n in ("w13p", "w13s", "w2p", "w2s"))
+    gu = gate_up_ref(rounding(h.float()), numpy_decode(p13, s13), idx)
     a = activation(gu[..., :32], gu[..., 32:], "situ", 4.0, 3.0)
-    want = down_ref(mxfp8_qdq(a.reshape(-1, 32)).reshape(a.shape), numpy_decode(p2, s2), idx, w)
-    assert_close(got.cpu(), want, torch.float32, "sm_100 module")
+    return down_ref(rounding(a.reshape(-1, 32)).reshape(a.shape), numpy_decode(p2, s2), idx, w.to(h.dtype).float())
+
+
+def test_the_target_picks_the_kernels_once_when_the_module_is_written(tmp_path):
+    """sm_90's module and one for no target call the kernels that decode in registers; sm_100's
+    calls tl.dot_scaled with BF16 activations where the model's are BF16 (float32 ones keep the
+    decode kernels, which multiply them as they are), and with MXFP8 ones when asked for. The
+    sm_100 modules run (here under the interpreter) against the naive expert."""
+    g = _experts_graph()
+    for target in (None, "sm_90", "sm_100"):
+        source = generate_module({"forward": g}, "t", target)
+        assert "moe_experts_mxfp4(h, " in source and "_scaled" not in source, target
+    assert expert_forms("sm_100", {"forward": g}) == [] and expert_forms("sm_90", {"forward": g}, "mxfp8") == []
+    assert expert_forms("sm_100", {"forward": g}, "mxfp8") == ["mxfp8"]  # what the manifest records
+    source = generate_module({"forward": g}, "t", "sm_100", expert_activations="mxfp8")
+    assert "moe_experts_mxfp4_scaled(h, " in source and "activations='mxfp8')" in source
+    h = 0.05 * torch.randn(TOKENS, 64, generator=gen(10))
+    assert_close(_run_module(tmp_path, source, g, h), _want(g, h, mxfp8_qdq), torch.float32, "sm_100 mxfp8")
+    g16 = _experts_graph("bf16")
+    source = generate_module({"forward": g16}, "t", "sm_100")
+    assert "moe_experts_mxfp4_scaled(h, " in source and "activations='bf16')" in source
+    assert expert_forms("sm_100", {"forward": g16}) == ["bf16"]
+    h16 = h.to(torch.bfloat16)
+    assert_close(_run_module(tmp_path, source, g16, h16), _want(g16, h16, bf16), torch.bfloat16, "sm_100 bf16")
+
+
+@pytest.mark.parametrize("target", [None, "sm_90"])
+def test_mxfp8_activations_need_the_block_scaled_target(target):
+    with pytest.raises(UsageError) as e:
+        TritonBackend(target=target, expert_activations="mxfp8")
+    assert "\n" not in str(e.value) and "sm_100" in str(e.value)
+    assert TritonBackend(target="sm_100", expert_activations="mxfp8").expert_activations == "mxfp8"
+    assert TritonBackend(target="sm_100").expert_activations == "bf16"

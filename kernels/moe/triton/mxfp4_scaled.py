@@ -1,9 +1,14 @@
-"""Routed experts on MXFP4 weights through the block-scaled tensor cores (sm_100, `tl.dot_scaled`).
+"""Routed experts on MXFP4 weights through `tl.dot_scaled` (sm_100), with the activations in
+BF16 (the default) or quantized to MXFP8 (opt-in: `activations="mxfp8"`).
 
 Blackwell's block-scaled MMA (`tcgen05.mma ... kind::mxf8f6f4.block_scale`) multiplies two MX
 operands, each with its E8M0 scale per 32 along K, in hardware. Triton lowers `tl.dot_scaled`
 to it only when both operands are MX formats and the MMA's M is 128; a bf16 operand makes it
-upcast the weights and run a plain bf16 MMA instead (what mxfp4.py already does). So here:
+upcast the weights and run a plain bf16 MMA (`kind::f16`) instead. The MXFP8 activations that
+the hardware's block-scaled form needs cost accuracy (k3-tiny's logits 0.41 rel RMS from the
+BF16 computation), so they are a choice the user makes (`k3c compile --backend triton --target
+sm_100 --expert-activations mxfp8`); by default the activations go into `tl.dot_scaled` as the
+model holds them, BF16, and the weights are decoded by Triton for a BF16 MMA. With MXFP8:
 
 - the weights go in as stored: E2M1 codes [N, K/2] (two a byte, the low nibble the even k:
   dot_scaled's own packing along K) and E8M0 scales [N, K/32], untouched;
@@ -17,10 +22,13 @@ upcast the weights and run a plain bf16 MMA instead (what mxfp4.py already does)
     moe_gemm_scaled_kernel    out[pair] = scale[pair] * x[row(pair)] W_e^T      (gate/up; down)
     moe_gated_scaled_kernel   a[pair]   = MXFP8(act(x W_e,gate^T, x W_e,up^T))
 
-Numerics: this is not the decode path's computation. The weights are exact, every product of
-an E2M1 and an E4M3 value times two powers of two is exact in fp32 and accumulates in fp32,
-but each activation is rounded to E4M3 (3 mantissa bits) once before each GEMM. The
+Numerics: with MXFP8 this is not the decode path's computation. The weights are exact, every
+product of an E2M1 and an E4M3 value times two powers of two is exact in fp32 and accumulates
+in fp32, but each activation is rounded to E4M3 (3 mantissa bits) once before each GEMM. The
 definition of what these kernels compute is the naive expert on MXFP8-rounded activations.
+With BF16 activations it is the naive expert on BF16 activations (an input of another dtype
+is rounded to BF16, the expert's hidden is written in BF16), as mxfp4.py's kernels compute
+for a BF16 model.
 
 Triton's interpreter has no `dot_scaled`: under it (EMULATE) the operands are decoded to fp32
 in registers and multiplied with `tl.dot`, which is exact there, so the interpreter runs the
@@ -31,6 +39,7 @@ from __future__ import annotations
 
 import torch
 
+from ....errors import UsageError
 from ...common.triton import INTERPRET, autotune
 from ...situ.triton.epilogue import ACT_IDS, gated_act
 from .grouped import ExpertBlocks, _block_rows, sort_by_expert
@@ -41,6 +50,7 @@ import triton.language as tl  # isort: skip
 
 BW = 128  # weight rows per program: the M of the block-scaled MMA (smaller M falls back to bf16 MMAs)
 GROUP = 32  # elements per E8M0 scale, both operands
+ACTIVATIONS = ("bf16", "mxfp8")  # the activations' format into tl.dot_scaled (X_FMT "bf16" / "e4m3")
 
 
 @triton.jit
@@ -91,16 +101,22 @@ def _widen(s, ROWS: tl.constexpr, COLS: tl.constexpr):
 
 
 @triton.jit
-def _scaled_dot(w, w_s, x, x_s, acc, EMULATE: tl.constexpr):
-    """acc [BW, BM] + (E2M1 w [BW, BK/2], scales [BW, BK/32]) x (E4M3 x [BM, BK], scales [BM, BK/32])^T."""
+def _scaled_dot(w, w_s, x, x_s, acc, EMULATE: tl.constexpr, X_FMT: tl.constexpr):
+    """acc [BW, BM] + (E2M1 w [BW, BK/2], scales [BW, BK/32]) x (x [BM, BK], scales [BM, BK/32])^T,
+    x E4M3 codes with their scales (X_FMT "e4m3") or BF16 values (X_FMT "bf16", x_s unused)."""
     if EMULATE:
         BWo: tl.constexpr = w.shape[0]
         BK: tl.constexpr = x.shape[1]
         BMo: tl.constexpr = x.shape[0]
         wi = w.to(tl.int32)
         w_f = tl.reshape(tl.join(_e2m1(wi & 15), _e2m1(wi >> 4)), [BWo, BK]) * _widen(w_s.to(tl.int32), BWo, BK)
-        x_f = _e4m3(x.to(tl.int32)) * _widen(x_s.to(tl.int32), BMo, BK)
+        if X_FMT == "bf16":
+            x_f = x.to(tl.float32)
+        else:
+            x_f = _e4m3(x.to(tl.int32)) * _widen(x_s.to(tl.int32), BMo, BK)
         return tl.dot(w_f, tl.trans(x_f), acc, input_precision="ieee")
+    elif X_FMT == "bf16":
+        return tl.dot_scaled(w, w_s, "e2m1", tl.trans(x), None, "bf16", acc)
     else:
         return tl.dot_scaled(w, w_s, "e2m1", tl.trans(x), x_s, "e4m3", acc)
 
@@ -130,13 +146,17 @@ def _weights(p_c, p_s, o_n, m_n, i_k, K: tl.constexpr, BK: tl.constexpr):
 
 
 @triton.jit
-def _acts(x_q, x_s, o_row, m_p, i_k, K: tl.constexpr, BK: tl.constexpr):
-    """Step i_k's activations: E4M3 codes [BM, BK] and E8M0 scales [BM, BK/32] of rows o_row."""
+def _acts(x_q, x_s, o_row, m_p, i_k, K: tl.constexpr, BK: tl.constexpr, X_FMT: tl.constexpr):
+    """Step i_k's activations of rows o_row: E4M3 codes [BM, BK] and E8M0 scales [BM, BK/32],
+    or BF16 values [BM, BK] (X_FMT "bf16"; the scales returned are a placeholder, never read)."""
     o_k = i_k * BK + tl.arange(0, BK)
-    o_g = i_k * (BK // 32) + tl.arange(0, BK // 32)
     b_x = tl.load(x_q + o_row[:, None] * K + o_k[None, :], mask=m_p[:, None] & (o_k < K)[None, :], other=0)
-    b_xs = tl.load(x_s + o_row[:, None] * (K // 32) + o_g[None, :], mask=m_p[:, None] & (o_g < K // 32)[None, :],
-                   other=127)
+    if X_FMT == "bf16":
+        b_xs = b_x
+    else:
+        o_g = i_k * (BK // 32) + tl.arange(0, BK // 32)
+        b_xs = tl.load(x_s + o_row[:, None] * (K // 32) + o_g[None, :],
+                       mask=m_p[:, None] & (o_g < K // 32)[None, :], other=127)
     return b_x, b_xs
 
 
@@ -155,7 +175,7 @@ def _prune(configs: list, named_args: dict, **kwargs) -> list:
 @triton.jit
 def moe_gemm_scaled_kernel(x_q, x_s, codes, scales, out, pairs, experts, scale, P, ROW_DIV: tl.constexpr,
                            NOUT: tl.constexpr, K: tl.constexpr, BM: tl.constexpr, BW: tl.constexpr, BK: tl.constexpr,
-                           HAS_SCALE: tl.constexpr, EMULATE: tl.constexpr):
+                           HAS_SCALE: tl.constexpr, EMULATE: tl.constexpr, X_FMT: tl.constexpr):
     i_blk, i_n = tl.program_id(0), tl.program_id(1)
     i_e = tl.load(experts + i_blk).to(tl.int64)
     if i_e < 0:
@@ -168,9 +188,9 @@ def moe_gemm_scaled_kernel(x_q, x_s, codes, scales, out, pairs, experts, scale, 
     p_c, p_s = codes + i_e * NOUT * (K // 2), scales + i_e * NOUT * (K // 32)
     b_acc = tl.zeros([BW, BM], dtype=tl.float32)
     for i_k in range(tl.cdiv(K, BK)):
-        b_x, b_xs = _acts(x_q, x_s, o_row, m_p, i_k, K, BK)
+        b_x, b_xs = _acts(x_q, x_s, o_row, m_p, i_k, K, BK, X_FMT)
         b_w, b_ws = _weights(p_c, p_s, o_n, m_n, i_k, K, BK)
-        b_acc = _scaled_dot(b_w, b_ws, b_x, b_xs, b_acc, EMULATE)
+        b_acc = _scaled_dot(b_w, b_ws, b_x, b_xs, b_acc, EMULATE, X_FMT)
     if HAS_SCALE:
         b_acc = b_acc * tl.load(scale + o_p, mask=m_p, other=0.).to(tl.float32)[None, :]
     tl.store(out + o_p[None, :] * NOUT + o_n[:, None], b_acc.to(out.dtype.element_ty),
@@ -182,7 +202,7 @@ def moe_gemm_scaled_kernel(x_q, x_s, codes, scales, out, pairs, experts, scale, 
 def moe_gated_scaled_kernel(x_q, x_s, codes, scales, a_q, a_s, pairs, experts, P, beta, linear_beta,
                             ROW_DIV: tl.constexpr, I: tl.constexpr, K: tl.constexpr, BM: tl.constexpr,
                             BW: tl.constexpr, BK: tl.constexpr, ACT: tl.constexpr, LINEAR_TANH: tl.constexpr,
-                            EMULATE: tl.constexpr):
+                            EMULATE: tl.constexpr, X_FMT: tl.constexpr):
     i_blk, i_n = tl.program_id(0), tl.program_id(1)
     i_e = tl.load(experts + i_blk).to(tl.int64)
     if i_e < 0:
@@ -196,16 +216,19 @@ def moe_gated_scaled_kernel(x_q, x_s, codes, scales, a_q, a_s, pairs, experts, P
     b_gate = tl.zeros([BW, BM], dtype=tl.float32)
     b_up = tl.zeros([BW, BM], dtype=tl.float32)
     for i_k in range(tl.cdiv(K, BK)):
-        b_x, b_xs = _acts(x_q, x_s, o_row, m_p, i_k, K, BK)
+        b_x, b_xs = _acts(x_q, x_s, o_row, m_p, i_k, K, BK, X_FMT)
         b_w, b_ws = _weights(p_c, p_s, o_n, m_n, i_k, K, BK)
-        b_gate = _scaled_dot(b_w, b_ws, b_x, b_xs, b_gate, EMULATE)
+        b_gate = _scaled_dot(b_w, b_ws, b_x, b_xs, b_gate, EMULATE, X_FMT)
         b_w, b_ws = _weights(p_c + I * (K // 2), p_s + I * (K // 32), o_n, m_n, i_k, K, BK)
-        b_up = _scaled_dot(b_w, b_ws, b_x, b_xs, b_up, EMULATE)
-    # the down GEMM's input, as MXFP8 along I: each 32-row group of this block is one scale
-    b_q, b_s = _mxfp8(tl.trans(gated_act(b_gate, b_up, beta, linear_beta, ACT, LINEAR_TANH)))
-    o_g = i_n * (BW // 32) + tl.arange(0, BW // 32)
-    tl.store(a_q + o_p[:, None] * I + o_n[None, :], b_q, mask=m_p[:, None] & m_n[None, :])
-    tl.store(a_s + o_p[:, None] * (I // 32) + o_g[None, :], b_s, mask=m_p[:, None] & (o_g < I // 32)[None, :])
+        b_up = _scaled_dot(b_w, b_ws, b_x, b_xs, b_up, EMULATE, X_FMT)
+    b_a = tl.trans(gated_act(b_gate, b_up, beta, linear_beta, ACT, LINEAR_TANH))
+    if X_FMT == "bf16":  # the down GEMM's input in BF16
+        tl.store(a_q + o_p[:, None] * I + o_n[None, :], b_a.to(tl.bfloat16), mask=m_p[:, None] & m_n[None, :])
+    else:  # as MXFP8 along I: each 32-row group of this block is one scale
+        b_q, b_s = _mxfp8(b_a)
+        o_g = i_n * (BW // 32) + tl.arange(0, BW // 32)
+        tl.store(a_q + o_p[:, None] * I + o_n[None, :], b_q, mask=m_p[:, None] & m_n[None, :])
+        tl.store(a_s + o_p[:, None] * (I // 32) + o_g[None, :], b_s, mask=m_p[:, None] & (o_g < I // 32)[None, :])
 
 
 def mxfp8_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -222,47 +245,59 @@ def mxfp8_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return codes, scales
 
 
-def _gemm(x_q: torch.Tensor, x_s: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, blocks: ExpertBlocks,
-          P: int, row_div: int, out: torch.Tensor, w: torch.Tensor | None = None) -> torch.Tensor:
+def _operand(x: torch.Tensor, activations: str) -> tuple[torch.Tensor, torch.Tensor, str]:
+    """(values, scales, X_FMT) of rows x [R, K] as tl.dot_scaled takes them: MXFP8 codes and
+    scales, or BF16 values (the scales a placeholder the kernel never reads)."""
+    if activations not in ACTIVATIONS:
+        raise UsageError(f"expert activations {activations!r}; known: {', '.join(ACTIVATIONS)}")
+    if activations == "mxfp8":
+        return (*mxfp8_quantize(x), "e4m3")
+    x = x.to(torch.bfloat16).contiguous()
+    return x, x, "bf16"
+
+
+def _gemm(x_q: torch.Tensor, x_s: torch.Tensor, x_fmt: str, packed: torch.Tensor, scale: torch.Tensor,
+          blocks: ExpertBlocks, P: int, row_div: int, out: torch.Tensor, w: torch.Tensor | None = None) -> torch.Tensor:
     NOUT = packed.shape[1]
     grid = (blocks.pairs.numel() // blocks.BM, triton.cdiv(NOUT, BW))
     moe_gemm_scaled_kernel[grid](x_q, x_s, packed, scale, out, blocks.pairs, blocks.experts,
                                  w if w is not None else x_s, P, ROW_DIV=row_div, NOUT=NOUT, K=x_q.shape[1],
-                                 BM=blocks.BM, BW=BW, HAS_SCALE=w is not None, EMULATE=INTERPRET)
+                                 BM=blocks.BM, BW=BW, HAS_SCALE=w is not None, EMULATE=INTERPRET, X_FMT=x_fmt)
     return out
 
 
 def moe_gate_up_mxfp4_scaled(h: torch.Tensor, w13_packed: torch.Tensor, w13_scale: torch.Tensor,
-                             idx: torch.Tensor) -> torch.Tensor:
-    """`moe_gate_up_mxfp4` on the block-scaled MMA: h [N, D] (as MXFP8), packed [E, 2I, D/2],
+                             idx: torch.Tensor, activations: str = "bf16") -> torch.Tensor:
+    """`moe_gate_up_mxfp4` through tl.dot_scaled: h [N, D] (as BF16, or MXFP8), packed [E, 2I, D/2],
     scales [E, 2I, D/32] -> [N, k, 2I] in h's dtype."""
     _check("moe_gate_up_mxfp4", h, w13_packed, w13_scale, idx)
     N, k = idx.shape
     P = N * k
     blocks = sort_by_expert(idx, w13_packed.shape[0], _block_rows(P, w13_packed.shape[0]))
     out = h.new_empty(N, k, w13_packed.shape[1])
-    return _gemm(*mxfp8_quantize(h), w13_packed.contiguous(), w13_scale.contiguous(), blocks, P, k, out)
+    return _gemm(*_operand(h, activations), w13_packed.contiguous(), w13_scale.contiguous(), blocks, P, k, out)
 
 
 def moe_down_mxfp4_scaled(a: torch.Tensor, w2_packed: torch.Tensor, w2_scale: torch.Tensor, idx: torch.Tensor,
-                          w: torch.Tensor) -> torch.Tensor:
-    """`moe_down_mxfp4` on the block-scaled MMA: a [N, k, I] (as MXFP8), packed [E, D, I/2],
+                          w: torch.Tensor, activations: str = "bf16") -> torch.Tensor:
+    """`moe_down_mxfp4` through tl.dot_scaled: a [N, k, I] (as BF16, or MXFP8), packed [E, D, I/2],
     scales [E, D, I/32] -> y [N, D] = sum_j w_j expert_j(a_j), in a's dtype."""
     _check("moe_down_mxfp4", a, w2_packed, w2_scale, idx)
     N, k = idx.shape
     P = N * k
     blocks = sort_by_expert(idx, w2_packed.shape[0], _block_rows(P, w2_packed.shape[0]))
     out = torch.empty(N, k, w2_packed.shape[1], dtype=torch.float32, device=a.device)
-    _gemm(*mxfp8_quantize(a.reshape(P, -1)), w2_packed.contiguous(), w2_scale.contiguous(), blocks, P, 1, out,
+    _gemm(*_operand(a.reshape(P, -1), activations), w2_packed.contiguous(), w2_scale.contiguous(), blocks, P, 1, out,
           w.reshape(P).float().contiguous())
     return out.sum(1).to(a.dtype)
 
 
 def moe_experts_mxfp4_scaled(h: torch.Tensor, w13_packed: torch.Tensor, w13_scale: torch.Tensor,
                              w2_packed: torch.Tensor, w2_scale: torch.Tensor, idx: torch.Tensor, w: torch.Tensor,
-                             act: str = "situ", beta: float = 4.0, linear_beta: float | None = None) -> torch.Tensor:
-    """`moe_experts_mxfp4` on the block-scaled MMA: h as MXFP8, the activation written as MXFP8
-    by the gate/up kernel for the down GEMM; y [N, D] in h's dtype."""
+                             act: str = "situ", beta: float = 4.0, linear_beta: float | None = None,
+                             activations: str = "bf16") -> torch.Tensor:
+    """`moe_experts_mxfp4` through tl.dot_scaled: h as BF16 and the gate/up kernel's activation
+    written in BF16 for the down GEMM, or both as MXFP8 (activations="mxfp8"); y [N, D] in h's dtype."""
     _check("moe_experts_mxfp4", h, w13_packed, w13_scale, idx)
     N, k = idx.shape
     E, two_i = w13_packed.shape[:2]
@@ -270,17 +305,22 @@ def moe_experts_mxfp4_scaled(h: torch.Tensor, w13_packed: torch.Tensor, w13_scal
     _check("moe_experts_mxfp4", h.new_empty(0, I), w2_packed, w2_scale, idx)
     P = N * k
     blocks = sort_by_expert(idx, E, _block_rows(P, E))
-    h_q, h_s = mxfp8_quantize(h)
-    a_q = torch.empty(P, I, dtype=torch.uint8, device=h.device)
-    a_s = torch.empty(P, I // GROUP, dtype=torch.uint8, device=h.device)
+    h_q, h_s, x_fmt = _operand(h, activations)
+    if x_fmt == "bf16":
+        a_q = a_s = torch.empty(P, I, dtype=torch.bfloat16, device=h.device)
+    else:
+        a_q = torch.empty(P, I, dtype=torch.uint8, device=h.device)
+        a_s = torch.empty(P, I // GROUP, dtype=torch.uint8, device=h.device)
     grid = (blocks.pairs.numel() // blocks.BM, triton.cdiv(I, BW))
     moe_gated_scaled_kernel[grid](h_q, h_s, w13_packed.contiguous(), w13_scale.contiguous(), a_q, a_s, blocks.pairs,
                                   blocks.experts, P, float(beta), float(linear_beta or 1.0), ROW_DIV=k, I=I,
                                   K=h.shape[1], BM=blocks.BM, BW=BW, ACT=ACT_IDS[act],
-                                  LINEAR_TANH=linear_beta is not None, EMULATE=INTERPRET)
+                                  LINEAR_TANH=linear_beta is not None, EMULATE=INTERPRET, X_FMT=x_fmt)
     out = torch.empty(N, k, w2_packed.shape[1], dtype=torch.float32, device=h.device)
-    _gemm(a_q, a_s, w2_packed.contiguous(), w2_scale.contiguous(), blocks, P, 1, out, w.reshape(P).float().contiguous())
+    _gemm(a_q, a_s, x_fmt, w2_packed.contiguous(), w2_scale.contiguous(), blocks, P, 1, out,
+          w.reshape(P).float().contiguous())
     return out.sum(1).to(h.dtype)
 
 
-__all__ = ["mxfp8_quantize", "moe_gate_up_mxfp4_scaled", "moe_down_mxfp4_scaled", "moe_experts_mxfp4_scaled"]
+__all__ = ["ACTIVATIONS", "mxfp8_quantize", "moe_gate_up_mxfp4_scaled", "moe_down_mxfp4_scaled",
+           "moe_experts_mxfp4_scaled"]

@@ -22,6 +22,7 @@ passes, compute.
 
 from __future__ import annotations
 
+import copy
 import logging
 import shutil
 import tempfile
@@ -79,7 +80,37 @@ def _is_weight(node: torch.fx.Node, example: Any) -> bool:
 
 
 def _symbol(x: Any) -> str | None:
-    return str(x.node.expr) if isinstance(x, torch.SymInt) else None
+    """The name of a SymInt that is one free symbol (`s27`); None for a size dynamo specialised."""
+    if not isinstance(x, torch.SymInt):
+        return None
+    expr = x.node.expr
+    return str(expr) if getattr(expr, "is_Symbol", False) else None
+
+
+def _fold_scalars(gm: torch.fx.GraphModule, example_inputs: list) -> tuple[torch.fx.GraphModule, dict]:
+    """A Python number dynamo passes as a 0-d tensor (`dynamic=True` does so with a layer
+    norm's eps) is read in the graph by `.item()`, which torch.export cannot trace: each such
+    read becomes the number (a copy of the graph; dynamo's own is left as it is). Returns the
+    graph and {input position: number}; the runner checks the number each call."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    found = {pos: node for pos, node in enumerate(placeholders)
+             if getattr(node.meta.get("grapharg"), "pass_arg_as_tensor", False)}
+    if not found:
+        return gm, {}
+    graph = copy.deepcopy(gm.graph)
+    nodes = [n for n in graph.nodes if n.op == "placeholder"]
+    scalars = {}
+    for pos in found:
+        node, value = nodes[pos], example_inputs[pos].item()
+        for user in list(node.users):
+            if user.op != "call_method" or user.target != "item":
+                raise _Refused(f"graph input {node.name} (a Python number) is used as a tensor by {user.name}")
+            for reader in list(user.users):
+                reader.args = torch.fx.node.map_arg(reader.args, lambda a, u=user, v=value: v if a is u else a)
+                reader.kwargs = torch.fx.node.map_arg(reader.kwargs, lambda a, u=user, v=value: v if a is u else a)
+            graph.erase_node(user)
+        scalars[pos] = value
+    return torch.fx.GraphModule(gm, graph), scalars
 
 
 class _Graph(torch.nn.Module):
@@ -88,13 +119,17 @@ class _Graph(torch.nn.Module):
 
     def __init__(self, gm: torch.fx.GraphModule, example_inputs: list):
         super().__init__()
+        gm, self.scalars = _fold_scalars(gm, example_inputs)
         self.gm = gm
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-        self.plan: list[tuple[str, Any]] = []  # per graph input: ("weight", name) | ("tensor", i) | ("sym", (i, axis))
+        # per graph input: ("weight", name) | ("tensor", i) | ("sym", (i, axis)) | ("const", n)
+        self.plan: list[tuple[str, Any]] = []
         self.weights: list[tuple[int, torch.Tensor]] = []
         tensors: list[tuple[int, Any]] = []
         for pos, (node, x) in enumerate(zip(placeholders, example_inputs)):
-            if isinstance(x, torch.Tensor) and _is_weight(node, x):
+            if pos in self.scalars:
+                self.plan.append(("const", None))  # folded into the graph: the input is unused
+            elif isinstance(x, torch.Tensor) and _is_weight(node, x):
                 name = f"w{pos}"
                 self.register_buffer(name, x.detach())
                 self.plan.append(("weight", name))
@@ -102,7 +137,11 @@ class _Graph(torch.nn.Module):
             elif isinstance(x, torch.Tensor):
                 self.plan.append(("tensor", len(tensors)))
                 tensors.append((pos, node.meta.get("example_value", x)))
+            elif isinstance(x, torch.SymInt) and _symbol(x) is None and x.node.expr.is_number:
+                self.plan.append(("const", int(x.node.expr)))
             elif isinstance(x, torch.SymInt):
+                if _symbol(x) is None:
+                    raise _Refused(f"graph input {node.name} is the size expression {x.node.expr}")
                 self.plan.append(("sym", _symbol(x)))
             else:
                 raise _Refused(f"graph input {node.name} is a {type(x).__name__}, not a tensor")
@@ -129,6 +168,8 @@ class _Graph(torch.nn.Module):
                 args.append(getattr(self, what))
             elif kind == "tensor":
                 args.append(tensors[what])
+            elif kind == "const":
+                args.append(what)
             else:
                 i, axis = what
                 args.append(tensors[i].shape[axis])
@@ -193,6 +234,7 @@ class _Runner:
         self.module, self.gm, self.name, self.backend, self.options = module, gm, name, backend, options
         self.compiled, self.eager, self.grad_said = None, None, False
         self.versions = [(pos, w, w._version) for pos, w in module.weights]
+        self.scalars = list(module.scalars.items())
 
     def _compile(self, tensors: tuple) -> None:
         from .. import compile as k3c_compile
@@ -212,6 +254,9 @@ class _Runner:
     def __call__(self, *args):
         if self.eager is None and any(args[pos] is not w or w._version != v for pos, w, v in self.versions):
             self.eager = _fall_back(self.name, _Refused("a weight changed after k3c compiled the graph"), self.gm)
+        if self.eager is None and any(args[pos].item() != v for pos, v in self.scalars):
+            self.eager = _fall_back(self.name, _Refused("a Python number the graph takes changed after k3c "
+                                                        "compiled it"), self.gm)
         tensors = tuple(args[p] for p in self.module.tensor_positions)
         if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
             if not self.grad_said:  # this call only: under no_grad the same graph runs on k3c

@@ -37,6 +37,22 @@ import triton.language as tl  # isort: skip
 
 
 @triton.jit
+def _nonfinite(x):
+    return (x != x) | (tl.abs(x) == float("inf"))
+
+
+@triton.jit
+def causal_dot(b_A, b_x, PREC: tl.constexpr):
+    """b_A @ b_x for b_A [C, C] lower-triangular (each row free of NaN before its own) and b_x
+    [C, N] in time order: a non-finite entry of b_x reaches its row and the rows after it (in
+    its column), as in the recurrence, where a plain dot multiplies the zeros above the
+    diagonal by it (0 * NaN = NaN) and spreads it to earlier tokens."""
+    bad = _nonfinite(b_x)
+    b_y = tl.dot(b_A, tl.where(bad, 0., b_x), input_precision=PREC)
+    return tl.where(tl.cumsum(bad.to(tl.int32), axis=0) > 0, float("nan"), b_y)
+
+
+@triton.jit
 def chunk_decay_kernel(q, k, g, beta, G, q_decayed, k_decayed, kbg, decay_last,
                        s_gb, s_gt, s_gh, s_gk, s_bb, s_bt, s_bh,
                        T, NC, H: tl.constexpr, K: tl.constexpr, C: tl.constexpr, BK: tl.constexpr):
@@ -142,6 +158,11 @@ def chunk_wy_kernel(L, kbg, v, beta, w, u, s_bb, s_bt, s_bh, T, NC, H: tl.conste
     m_t = o_t < T
     b_L = tl.load(L + (i_bh * NC + i_n) * C * C + o_c[:, None] * C + o_c[None, :])
     m_I = o_c[:, None] == o_c[None, :]
+    # a non-finite entry of L: the inverse of L with it zeroed, NaN from its row on (the rows the
+    # recurrence reaches); the products below would spread it to every row by 0 * NaN
+    m_bad = _nonfinite(b_L)
+    bad_rows = tl.cumsum(tl.max(m_bad.to(tl.int32), axis=1), axis=0) > 0
+    b_L = tl.where(m_bad, 0., b_L)
 
     # The diagonal [BC, BC] blocks of (I + L)^-1, all at once, row by row:
     # N[r, :] = -L[r, :] - L[r, :] N for the r-th row of each block (N = inverse - I)
@@ -157,21 +178,21 @@ def chunk_wy_kernel(L, kbg, v, beta, w, u, s_bb, s_bt, s_bh, T, NC, H: tl.conste
         m_row = (o_c // BC == p)[:, None] & (o_c < p * BC)[None, :]
         b_x = tl.dot(tl.where(m_row, b_L, 0.), b_A, input_precision=PREC)
         b_A -= tl.dot(b_Di, b_x, input_precision=PREC)
+    b_A = tl.where(bad_rows[:, None], float("nan"), b_A)
 
     p_chunk = (i_bh * NC + i_n) * C
     for i_k in range(tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         p_kk = (p_chunk + o_c[:, None]) * K + o_k[None, :]
         b_kbg = tl.load(kbg + p_kk, mask=o_k[None, :] < K, other=0.)
-        tl.store(w + p_kk, tl.dot(b_A, b_kbg, input_precision=PREC), mask=o_k[None, :] < K)
+        tl.store(w + p_kk, causal_dot(b_A, b_kbg, PREC), mask=o_k[None, :] < K)
     b_beta = tl.load(beta + i_b * s_bb + o_t * s_bt + i_h * s_bh, mask=m_t, other=0.).to(tl.float32)
     for i_v in range(tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
         m_v = o_v < V
         p_v = v + (i_b * T + o_t[:, None]) * H * V + i_h * V + o_v[None, :]
         b_v = tl.load(p_v, mask=m_t[:, None] & m_v[None, :], other=0.).to(tl.float32) * b_beta[:, None]
-        tl.store(u + (p_chunk + o_c[:, None]) * V + o_v[None, :], tl.dot(b_A, b_v, input_precision=PREC),
-                 mask=m_v[None, :])
+        tl.store(u + (p_chunk + o_c[:, None]) * V + o_v[None, :], causal_dot(b_A, b_v, PREC), mask=m_v[None, :])
 
 
 def _gate_view(g: torch.Tensor | None, gate: str, q: torch.Tensor) -> torch.Tensor:

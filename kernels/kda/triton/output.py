@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from ...common.triton import autotune, check_device, dot_precision
+from .intra import causal_dot
 
 import triton  # isort: skip  (after common.triton has chosen the mode)
 import triton.language as tl  # isort: skip
@@ -37,9 +38,10 @@ def chunk_output_kernel(q_decayed, aqk, v_new, starts, o, scale, T, NC, H: tl.co
         p_S = starts + (i_bh * NC + i_n) * K * V + o_k[:, None] * V + o_v[None, :]
         b_S = tl.load(p_S, mask=m_k[:, None] & m_v[None, :], other=0.)
         b_o += tl.dot(b_q, b_S, input_precision=PREC)
-    b_A = tl.load(aqk + (p_chunk + o_c[:, None]) * C + o_c[None, :])
+    # aqk's diagonal blocks above the diagonal hold 0 * k_j, NaN for a NaN key: selected away
+    b_A = tl.where(o_c[:, None] >= o_c[None, :], tl.load(aqk + (p_chunk + o_c[:, None]) * C + o_c[None, :]), 0.)
     b_vn = tl.load(v_new + (p_chunk + o_c[:, None]) * V + o_v[None, :], mask=m_v[None, :], other=0.)
-    b_o = scale * (b_o + tl.dot(b_A, b_vn, input_precision=PREC))
+    b_o = scale * (b_o + causal_dot(b_A, b_vn, PREC))
 
     o_t = i_n * C + o_c
     p_o = o + (i_b * T + o_t[:, None]) * H * V + i_h * V + o_v[None, :]

@@ -72,8 +72,12 @@ def _with_nan(x, where: str) -> list[torch.Tensor]:
     return args
 
 
-@pytest.mark.parametrize("where", WHERE)
-@pytest.mark.parametrize("backend", BACKENDS)
+# Triton runs in its interpreter here (seconds a call): the NaN in k (through the inverse of
+# I + L, as g and beta) and in v (the products alone)
+CASES = [(b, w) for b in BACKENDS for w in WHERE if b != "triton" or w in ("k", "v")]
+
+
+@pytest.mark.parametrize("backend, where", CASES)
 def test_a_nan_propagates_as_in_the_recurrence(runners, backend, where):
     x, get = runners
     args = _with_nan(x, where)

@@ -101,7 +101,7 @@ def _backend_list(args: argparse.Namespace, text: str, flag: str) -> list[str]:
 
 
 def _cmd_diff(args: argparse.Namespace) -> int:
-    from . import models
+    from . import models, stress_capacity
     from .diff import diff, write_json
 
     checks.output_file("--json", args.json)
@@ -117,6 +117,8 @@ def _cmd_diff(args: argparse.Namespace) -> int:
                   decode_steps=args.decode_steps, passes=args.pipeline, out_root=args.out,
                   bisect=not args.no_bisect, progress=lambda m: print(m, file=sys.stderr), stress=args.stress,
                   keep=args.keep, force=args.force, compute=args.compute)
+    if args.stress == "garbage-capacity" and not args.mesh:  # a stress of the inputs, not the weights
+        return stress_capacity.run_cli(args, model, specs)
     print(report.table(per_tensor=args.verbose))
     if report.policy is not None:
         print(report.policy.table())
@@ -308,7 +310,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--pipeline", default="default")
     s.add_argument("--flavour", help="onnx flavours to check, comma-separated (default: portable,ort)")
     s.add_argument("--stress", help="run at weights the defaults never reach: router-low, strong-decay, "
-                                    "large-a-log, situ-saturated, router-ties")
+                                    "large-a-log, spiky-gates, situ-saturated, router-ties; or with garbage in "
+                                    "unused cache rows: garbage-capacity")
     s.add_argument("--out", help="folder for the artifacts (default: a temporary one, removed at the end)")
     s.add_argument("--keep", action="store_true", help="keep the temporary artifacts (their folder is printed)")
     s.add_argument("--force", action="store_true", help="replace what --out holds, even other artifacts")

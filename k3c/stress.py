@@ -21,6 +21,10 @@ kernels lose accuracy there is off. The stresses:
 - router-ties: the router rows and score biases of experts 0-2 and 3-5 made equal, so tokens
   meet exact ties among three experts for two slots and every backend must break them as the
   eager model does (the lower index first).
+
+One stress edits inputs, not weights: garbage-capacity (k3c/stress_capacity.py) runs serving
+artifacts with NaN, inf and huge values in every cache row no sequence uses, and other ids in
+the padding of ragged prompts, against the same calls run clean.
 """
 
 from __future__ import annotations
@@ -123,15 +127,22 @@ STRESSES = {
 }
 
 
+# stresses of the inputs: name -> what runs it
+INPUT_STRESSES = {"garbage-capacity": "k3c.stress_capacity.garbage_capacity"}
+
+
 def check(name: str) -> None:
-    if name not in STRESSES:
-        raise UsageError(f"unknown stress {name!r}; known: {', '.join(STRESSES)}")
+    if name not in STRESSES and name not in INPUT_STRESSES:
+        raise UsageError(f"unknown stress {name!r}; known: {', '.join([*STRESSES, *INPUT_STRESSES])}")
 
 
 @torch.no_grad()
 def stressed(model: torch.nn.Module, name: str) -> torch.nn.Module:
     """A copy of `model` with the weights of stress `name` (the model itself is untouched)."""
     check(name)
+    if name in INPUT_STRESSES:
+        raise UsageError(f"stress {name} edits the inputs, not the weights: run it with {INPUT_STRESSES[name]} "
+                         f"(k3c diff --stress {name})")
     needs, find, edit = STRESSES[name]
     if not find(model):
         raise UsageError(f"stress {name} needs a model with {needs}; "

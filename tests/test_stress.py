@@ -91,5 +91,54 @@ def test_the_stress_catches_the_old_form_and_names_it(model, captured, stress, o
         report = _diff(model, captured, stress, ["onnx"])
     b = report.backends["onnx"]
     assert not b.ok and b.rel_rms_err > 1e-4, report.table(per_tensor=True)
+
+
+GARBAGE = {"seq_len": 8, "decode_steps": 1}  # capacity 14: rows 12 and 13 are never written
+
+
+@pytest.fixture(scope="module")
+def garbage_run(model):
+    """The garbage-capacity stress on one runner at a time, over one capture of the serving forms."""
+    from k3c.stress_capacity import garbage_capacity, serving_graphs
+
+    graphs = {}
+
+    def run(runner):
+        if runner == "eager":
+            return garbage_capacity(model, [], **GARBAGE)
+        if not graphs:
+            graphs["serving"] = serving_graphs(model, 14, torch.zeros(2, 8, dtype=torch.long))
+        return garbage_capacity(model, [runner], **GARBAGE, capacity=14, captured=graphs["serving"], eager=False)
+
+    return run
+
+
+SLOW = pytest.mark.slow  # TVM's and Triton's builds and runs of the serving forms: minutes
+
+
+@pytest.mark.parametrize("runner", ["eager", "reference", "onnx", "onnx:ort", pytest.param("tvm", marks=SLOW),
+                                    pytest.param("triton", marks=SLOW)])
+def test_garbage_in_unused_capacity_changes_nothing(garbage_run, runner):
+    report = garbage_run(runner)
+    b = report.backends[runner]
+    assert b.error is None and b.ok, report.table(per_tensor=True)
+
+
+def test_garbage_capacity_catches_masked_weights_times_nan(model, monkeypatch):
+    """The stress bites: cached attention that weights unused rows by 0 instead of selecting
+    them away (0 * NaN is NaN) fails it, on the eager model that calls it."""
+    from k3c.kernels.cache import naive
+    from k3c.stress_capacity import garbage_capacity
+
+    def weighted_by_zero(q, k, v, positions, scale=None):
+        B, T, H, D = q.shape
+        k, v = k.repeat_interleave(H // k.shape[2], dim=2), v.repeat_interleave(H // v.shape[2], dim=2)
+        scores = torch.einsum("bthd,bshd->bhts", q.float(), k.float()) * (D**-0.5 if scale is None else scale)
+        p = torch.softmax(scores.masked_fill(~naive.visible(positions, T, k.shape[1])[:, None], float("-inf")), -1)
+        return torch.einsum("bhts,bshv->bthv", p, v.float()).to(v.dtype)
+
+    monkeypatch.setattr(naive, "cached_attention", weighted_by_zero)
+    report = garbage_capacity(model, [], **GARBAGE)
+    assert not report.backends["eager"].ok, report.table(per_tensor=True)
     assert b.first_bad_node["op"] == op, b.first_bad_node
     assert "off on the reference's inputs" in b.first_bad_node["how"]

@@ -2,13 +2,13 @@
 it could decode and prefill, for models too big to run here.
 
 The model is built on the meta device in its release dtypes (BF16, MXFP4 routed experts for
-K3). On a mesh the runtime runs (tp and ep: passes/mesh.py) it is partitioned for rank 0 and
-its eager prefill (B = `batch`, T = `seq_len`) and one decode step run on meta tensors under a
-communicator that only counts (k3c.distributed.comm.ShapeComm, bytes as passes/cost.py's
-`sent_bytes` defines them): "per_token" and the ranks' weights are what the runtime holds and
-sends. A mesh with dp or pp (k3c/plan_mesh.py) is plan-only: both come from the arithmetic of
-k3c/plan_roofline.py, which also gives every rank's state pool and, with a device, the
-estimate (k3c/plan_devices.py).
+K3). On a mesh the runtime runs (tp, ep, and dp with ep = dp: passes/mesh.py) it is
+partitioned for rank 0 and its eager prefill (B = `batch`, T = `seq_len`) and one decode step
+run on meta tensors under a communicator that only counts (k3c.distributed.comm.ShapeComm,
+bytes as passes/cost.py's `sent_bytes` defines them): "per_token" and the ranks' weights are
+what the runtime holds and sends. A mesh with pp or another dp shape (k3c/plan_mesh.py) is
+plan-only: both come from the arithmetic of k3c/plan_roofline.py, which also gives every
+rank's state pool and, with a device, the estimate (k3c/plan_devices.py).
 
     plan("k3", "dp=16,ep=16", device="gb300", concurrency=256, context=9216)
       -> {"mesh": {...}, "ranks": [{"rank", "stage", "weight_bytes", "state_bytes"}, ...],
@@ -131,7 +131,8 @@ def format_plan(p: dict) -> str:
     lines = [f"{p['model']} on {m['world']} ranks ({axes}{vocab}), {p['concurrency']} sequence(s) at "
              f"context {p['context']}, recurrent state {p['state_dtype']}"]
     if m.get("plan_only"):
-        lines.append("  plan-only: no runtime runs dp or pp yet; these figures are arithmetic (k3c/plan_roofline.py)")
+        lines.append("  plan-only: the runtime runs no pp, nor dp but with ep = dp; these figures are arithmetic "
+                     "(k3c/plan_roofline.py)")
     lines.append(f"  state of one sequence (whole model): {_gb(p['state_bytes_per_seq'])}")
     stages = {}
     for r in p["ranks"]:
@@ -145,7 +146,10 @@ def format_plan(p: dict) -> str:
             lines.append(f"  {phase:8s} {op:15s} {v['count']:4d} per pass, "
                          f"{v['bytes'] / 1e3:10.1f} kB sent per token")
     c = p["moe_combine"]
-    if c:
+    if c and c["all_reduce_bytes_per_token"] is None:  # dp: the copies' tokens differ, nothing to sum
+        lines.append(f"  routed-expert combine ({c['layers']} layers): all-to-all "
+                     f"{c['all_to_all_bytes_per_token'] / 1e3:.1f} kB/token (dp: the only form)")
+    elif c:
         ar = c["all_reduce_bytes_per_token"] / 1e3
         lines.append(f"  routed-expert combine ({c['layers']} layers): all-reduce {ar:.1f}"
                      f" kB/token vs all-to-all {c['all_to_all_bytes_per_token'] / 1e3:.1f} kB/token: "

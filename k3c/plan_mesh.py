@@ -10,9 +10,10 @@
         "data-parallel attention" of DEP: dp=16,ep=16 is 16 GPUs);
     pp  splits the layers into pp stages of consecutive layers, one stage per group of ranks.
 
-So a stage holds tp * max(dp, ep) ranks and the world is pp times that. A mesh with dp > 1 or
-pp > 1 is plan-only: its bytes and times are arithmetic, no runtime runs it yet; the others
-are the runtime's passes.mesh.Mesh (`runtime()`), whose runs k3c plan also counts.
+So a stage holds tp * max(dp, ep) ranks and the world is pp times that. The runtime
+(passes.mesh.Mesh, `runtime()`) runs tp, ep and dp with ep = dp, and k3c plan also
+counts its runs; a mesh with pp > 1 or another dp x ep shape is plan-only: its bytes and
+times are arithmetic.
 
     DeployMesh.parse("dp=16,ep=16").world == 16;  DeployMesh.parse("tp=8,ep=16").world == 128
 """
@@ -52,7 +53,7 @@ class DeployMesh:
         if isinstance(text, DeployMesh):
             return text
         if isinstance(text, Mesh):
-            return DeployMesh(tp=text.tp, ep=text.ep, vocab=text.vocab)
+            return DeployMesh(tp=text.tp, ep=text.ep, vocab=text.vocab, dp=text.dp)
         sizes, vocab = parse_axes(text, AXES)
         return DeployMesh(**sizes, vocab=vocab)
 
@@ -71,7 +72,8 @@ class DeployMesh:
 
     def runtime(self) -> Mesh | None:
         """The runtime mesh that lays out the ranks alike, or None where the mesh is plan-only."""
-        return Mesh(self.tp, self.ep, self.vocab) if self.dp == 1 and self.pp == 1 else None
+        runs = self.pp == 1 and (self.dp == 1 or self.ep == self.dp)
+        return Mesh(self.tp, self.ep, self.vocab, self.dp) if runs else None
 
     @property
     def plan_only(self) -> bool:

@@ -98,8 +98,9 @@ def comm_per_token(p: Profile, mesh: DeployMesh, stage: int, combine: str = "aut
     """{op: {"count", "bytes"}}: collectives of one pass of `stage` and the bytes one rank sends
     per token of its dp copy (passes/cost.py's conventions: an all-reduce over M sends
     2 (M-1)/M of the buffer). The routed experts' combine: dp = 1 as the runtime prices it
-    (all-reduce over the stage or all-to-all, `combine`), dp > 1 an all-to-all over the stage
-    (each rank sends its own tokens' slots) and the outputs gathered within the tp group."""
+    (all-reduce over the stage or all-to-all, `combine`), dp > 1 the runtime's four all-to-alls
+    over the stage (each rank sends its slice of its copy's tokens' slots, the outputs are
+    gathered among the ranks that share the copy's tokens: moe_dispatch's `peers`)."""
     cfg, d, item, tp = p.config, p.config.hidden_size, p.item, mesh.tp
     width = cfg.routed_expert_hidden_size or d
     R, out = mesh.stage_ranks, {}
@@ -123,10 +124,8 @@ def comm_per_token(p: Profile, mesh: DeployMesh, stage: int, combine: str = "aut
             how = how if mesh.ep > 1 else "all_reduce"
             add(how, 1 if how == "all_reduce" else 4, price[how])
         else:
-            N = 1 << 16  # tokens of the stage, to spread the row counts' bytes
-            sent = sum(exchange_bytes(N, k * cols, width, item, R)[:3]) / N * mesh.dp
-            add("all_to_all", 3, sent)
-            add("all_gather", 1, sent_bytes("all_gather", width * item / tp, tp))
+            n = 1 << 16  # tokens of a copy, to spread the row counts' bytes
+            add("all_to_all", 4, sum(exchange_bytes(n, k * cols, width, item, R, R // mesh.dp)) / n)
     if mesh.vocab and stage == 0:
         add("all_reduce", 1, sent_bytes("all_reduce", d * item, tp))
     if mesh.vocab and stage == mesh.pp - 1:

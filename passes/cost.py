@@ -202,26 +202,29 @@ def comm_bytes(graph: Graph, node: Node, env: dict[str, int]) -> float:
     if node.op == "all_to_all":
         return nbytes[0] * away + COUNT_BYTES * (M - 1)
     item = graph.types[node.inputs[0]].torch_dtype.itemsize
+    peers = node.attrs.get("peers", 0)
     if node.op == "moe_dispatch":
         (N, width), k = shapes[0], shapes[1][1]
-        return sum(exchange_bytes(N, k, width, item, M)[:2])
+        return sum(exchange_bytes(N, k, width, item, M, peers)[:2])
     if node.op == "moe_combine":
         width, (N, k) = shapes[0][1], shapes[2]
-        return sum(exchange_bytes(N, k, width, item, M)[2:])
+        return sum(exchange_bytes(N, k, width, item, M, peers)[2:])
     raise ValueError(f"{node.op} is not a collective")
 
 
-def exchange_bytes(N: float, k: int, width: int, item: int, M: int) -> list[float]:
+def exchange_bytes(N: float, k: int, width: int, item: int, M: int, peers: int = 0) -> list[float]:
     """What one member sends in each of the four all-to-alls of an expert dispatch + combine
-    over M members (kernels/collectives/naive.py) at balanced routing: its token slice N / M,
-    k slots each, the share (M - 1) / M of them bound for other members.
+    over M members (kernels/collectives/naive.py) at balanced routing: its token slice N / P
+    (P = `peers` members share its N tokens; 0: all M do), k slots each, the share (M - 1) / M
+    of them bound for other members.
     [dispatch rows (+ the counts, exchanged), dispatch expert ids, outputs back, the slices
-    gathered]."""
+    gathered within the P]."""
     if M <= 1:
         return [0.0, 0.0, 0.0, 0.0]
-    away, slots = (M - 1) / M, N / M * k
+    P = peers or M
+    away, slots = (M - 1) / M, N / P * k
     return [slots * away * width * item + COUNT_BYTES * (M - 1), slots * away * COUNT_BYTES,
-            slots * away * width * item, (M - 1) * N / M * width * item]
+            slots * away * width * item, (P - 1) * N / P * width * item]
 
 
 def combine_bytes(width: int, item: int, k: int, tp: int, ep: int, tokens: int = 1 << 16) -> dict[str, float]:

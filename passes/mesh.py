@@ -1,14 +1,23 @@
 """A device mesh: `tp` ranks split the attention heads and MLP widths, `ep` ranks split the
-routed experts; the world is tp * ep ranks. Models without experts (the zoo's GPT-2 and
-linear-attention models) take tp only.
+routed experts, `dp` ranks each own their sequences (data-parallel attention); the world is
+tp * max(dp, ep) ranks. Models without experts (the zoo's GPT-2 and linear-attention models)
+take tp only.
 
-Rank r sits at (ep index, tp index) = divmod(r, tp). Its tensor-parallel group is the tp ranks
-of its ep index (r // tp * tp ...), its expert-parallel group the ep ranks of its tp index.
-Every rank sees the same tokens: the ep axis does not split attention (it runs replicated
-across it, tensor-parallel inside each tp group); the routed experts of a MoE are split over
-the ep group, each rank holding E / ep of them.
+Rank r sits at (copy index a, tp index t) = divmod(r, tp). Its tensor-parallel group is the tp
+ranks of its copy index (a tp ...), its expert-parallel group the ranks of its tp index over
+the copies. Without dp every rank sees the same tokens: the ep axis does not split attention
+(it runs replicated across it, tensor-parallel inside each tp group); the routed experts of a
+MoE are split over the ep group, each rank holding E / ep of them.
+
+With dp (dp=N,ep=N: attention data-parallel, experts over the same N copies, as DEP deploys
+K3) copy a owns the batch rows `batch_rows(a)` of every request and a whole copy of the
+attention and KDA weights (split over its tp group); the routed experts are split over the
+copies as over ep, and a token reaches its experts' ranks by all-to-all and comes back. The
+runtime runs dp with ep = dp, or (a model without routed experts) dp alone; other shapes are
+plan-only (k3c/plan_mesh.py).
 
     mesh = Mesh.parse("tp=2,ep=2");  mesh.world == 4;  mesh.tp_group(3) == [2, 3]
+    Mesh.parse("dp=2,ep=2").dp_index(1) == 1
 
 `vocab` (written "tp=2,vocab"): the vocabulary is split over the tp group too, the embedding
 by rows (each rank looks up the ids in its range, an all_reduce sums) and the lm_head by its
@@ -27,56 +36,88 @@ class Mesh:
     tp: int = 1
     ep: int = 1
     vocab: bool = False
+    dp: int = 1
 
     def __post_init__(self):
-        for axis, n in (("tp", self.tp), ("ep", self.ep)):
+        for axis, n in (("tp", self.tp), ("ep", self.ep), ("dp", self.dp)):
             if not isinstance(n, int) or isinstance(n, bool) or n < 1:
                 raise UsageError(f"mesh: {axis} must be a whole number >= 1, got {n!r}")
+        if self.dp > 1 and self.ep not in (1, self.dp):
+            raise UsageError(f"mesh {self}: the runtime runs dp with ep = dp (each copy holds E / ep experts); "
+                             f"dp={self.dp},ep={self.ep} is plan-only (k3c plan)")
 
     @staticmethod
     def parse(text: str | Mesh) -> Mesh:
         """"tp=2,ep=2" (either axis may be left out: it is 1); ",vocab" splits the vocabulary."""
         if isinstance(text, Mesh):
             return text
-        sizes, vocab = parse_axes(text, ("tp", "ep"))
+        sizes, vocab = parse_axes(text, ("tp", "ep", "dp", "pp"))
+        if sizes.pop("pp", 1) > 1:
+            raise UsageError(f"mesh {text!r}: pipeline stages (pp) are plan-only: the runtime does not run "
+                             f"them (k3c plan --mesh ... prices them)")
         mesh = Mesh(**sizes, vocab=vocab)
         if vocab and mesh.tp == 1:
             raise UsageError(f"mesh {text!r}: 'vocab' splits the vocabulary over tp, and tp is 1")
         return mesh
 
     @property
-    def world(self) -> int:
-        return self.tp * self.ep
+    def copies(self) -> int:
+        """Groups of tp ranks: max(dp, ep)."""
+        return max(self.dp, self.ep)
 
-    def coords(self, rank: int) -> tuple[int, int]:
-        """(ep index, tp index) of `rank`."""
+    @property
+    def world(self) -> int:
+        return self.tp * self.copies
+
+    def _place(self, rank: int) -> tuple[int, int]:
         if not 0 <= rank < self.world:
             raise UsageError(f"rank {rank} is outside the mesh {self} of {self.world} ranks")
         return divmod(rank, self.tp)
 
+    def coords(self, rank: int) -> tuple[int, int]:
+        """(ep index, tp index) of `rank`."""
+        a, t = self._place(rank)
+        return (a if self.ep > 1 else 0), t
+
+    def dp_index(self, rank: int) -> int:
+        """The copy whose sequences `rank` runs (0 without dp)."""
+        a, _ = self._place(rank)
+        return a if self.dp > 1 else 0
+
+    def batch_rows(self, rank: int, batch: int) -> slice:
+        """The rows of a batch of `batch` sequences that `rank`'s copy owns (all without dp)."""
+        if self.dp == 1:
+            return slice(0, batch)
+        if batch < self.dp:
+            raise UsageError(f"mesh {self}: a batch of {batch} sequence(s) cannot give each of the {self.dp} "
+                             f"data-parallel copies one")
+        d = self.dp_index(rank)
+        return slice(d * batch // self.dp, (d + 1) * batch // self.dp)
+
     def tp_group(self, rank: int) -> list[int]:
-        e, _ = self.coords(rank)
-        return [e * self.tp + t for t in range(self.tp)]
+        a, _ = self._place(rank)
+        return [a * self.tp + t for t in range(self.tp)]
 
     def ep_group(self, rank: int) -> list[int]:
-        _, t = self.coords(rank)
-        return [e * self.tp + t for e in range(self.ep)]
+        a, t = self._place(rank)
+        return [c * self.tp + t for c in range(self.ep)] if self.ep > 1 else [rank]
 
     def groups(self) -> list[list[int]]:
         """Every group of more than one rank, tp groups first: what each rank process creates."""
-        tp = [self.tp_group(e * self.tp) for e in range(self.ep)] if self.tp > 1 else []
+        tp = [self.tp_group(a * self.tp) for a in range(self.copies)] if self.tp > 1 else []
         ep = [self.ep_group(t) for t in range(self.tp)] if self.ep > 1 else []
         return tp + ep
 
     def to_json(self) -> dict:
-        return {"tp": self.tp, "ep": self.ep, "world": self.world, "vocab": self.vocab}
+        return {"tp": self.tp, "ep": self.ep, "dp": self.dp, "world": self.world, "vocab": self.vocab}
 
     @staticmethod
     def from_json(d: dict) -> Mesh:
-        return Mesh(d["tp"], d["ep"], bool(d.get("vocab", False)))
+        return Mesh(d["tp"], d["ep"], bool(d.get("vocab", False)), d.get("dp", 1))
 
     def __str__(self) -> str:
-        return f"tp={self.tp},ep={self.ep}" + (",vocab" if self.vocab else "")
+        dp = f"dp={self.dp}," if self.dp > 1 else ""
+        return f"{dp}tp={self.tp},ep={self.ep}" + (",vocab" if self.vocab else "")
 
 
 def check_divides(mesh: Mesh, config) -> None:
@@ -95,6 +136,9 @@ def check_divides(mesh: Mesh, config) -> None:
         bad.append(f"tp={mesh.tp} does not divide the {config.vocab_size} vocabulary entries (vocab_size)")
     if config.num_experts % mesh.ep:
         bad.append(f"ep={mesh.ep} does not divide the {config.num_experts} routed experts (num_experts)")
+    if mesh.dp > 1 and mesh.ep != mesh.dp:
+        bad.append(f"dp={mesh.dp} needs ep={mesh.dp}: the data-parallel copies spread the routed experts "
+                   f"over themselves (dp without ep is plan-only for a model with experts)")
     if bad:
         raise UsageError(f"mesh {mesh}: " + "; ".join(bad))
 

@@ -22,6 +22,11 @@ whole; every pass and backend then sees an ordinary graph with `all_reduce` node
       (moe_dispatch), runs its experts on the rows it receives and sends the outputs back
       (moe_combine: weighted, summed per token, the slices gathered). "auto" takes the one
       passes/cost.py prices lower per token. The latent norm and up-projection follow.
+    dp (data parallel, with ep = dp): each copy runs its own batch rows (the runner hands
+      them over) on whole attention weights (split over its tp group only); the routed
+      experts are split over the copies as over ep and combined by the all-to-all only, with
+      `peers` = tp (a rank sends its slice of its own copy's tokens, the outputs are gathered
+      within its tp group). The zoo's models take dp without ep (nothing to exchange).
     vocab (a mesh with "vocab"): the embedding by rows (ids outside the rank's range give
       zeros, an all_reduce over tp sums), the lm_head by output columns + all_gather.
     replicated: norms, routers, AttnRes, the latent projections (and without "vocab" the
@@ -47,7 +52,7 @@ from ..models.kda_layer import KDAMixer
 from ..models.mla_layer import MLAMixer
 from ..models.moe_layer import MoE, MXFP4Experts
 from ..models.validate import _SPEC, state_spec
-from .cost import combine_bytes, exchange_bytes
+from .cost import combine_bytes, exchange_bytes, sent_bytes
 from .mesh import Mesh, check_divides
 from .partition_zoo import partition_zoo
 
@@ -118,6 +123,7 @@ class ShardedMoE(MoE):
     n_local: int
     group: list[int]
     combine: str = "all_reduce"
+    peers: int = 0  # dp: the tp ranks that share a copy's tokens (moe_dispatch's `peers`)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, d = x.shape
@@ -153,9 +159,9 @@ class ShardedMoE(MoE):
         idx, w = self._replicated(idx, w)
         if h.is_meta:  # shapes only (k3c plan): the rows at balanced routing, the bytes counted
             return _meta_exchange(self, h, idx)
-        rows, ids, route = ops.moe_dispatch(h, idx, group=list(self.group), experts=self.n_local)
+        rows, ids, route = ops.moe_dispatch(h, idx, group=list(self.group), experts=self.n_local, peers=self.peers)
         y = self.routed(rows, ids, torch.ones_like(ids, dtype=torch.float32))
-        return ops.moe_combine(y, route, w, group=list(self.group))
+        return ops.moe_combine(y, route, w, group=list(self.group), peers=self.peers)
 
     def _replicated(self, idx: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Expert e's t-th column slice as the slot id of world rank (e // n) tp + t's local
@@ -174,7 +180,7 @@ def _meta_exchange(m: ShardedMoE, h: torch.Tensor, idx: torch.Tensor) -> torch.T
     comm = current("moe_dispatch")
     if hasattr(comm, "expect"):
         N, k = idx.shape
-        for nbytes in exchange_bytes(N, k, h.shape[1], h.element_size(), len(m.group)):
+        for nbytes in exchange_bytes(N, k, h.shape[1], h.element_size(), len(m.group), m.peers):
             comm.expect("all_to_all", nbytes)
     rows = h.new_empty((h.shape[0] * idx.shape[1] // len(m.group) + 1, h.shape[1]))
     y = m.routed(rows, idx.new_zeros((rows.shape[0], 1)), h.new_ones((rows.shape[0], 1), dtype=torch.float32))
@@ -247,7 +253,8 @@ def _mla(m: MLAMixer, t: int, tp: int, group: list[int]) -> None:
     m.H = H
 
 
-def _moe(m: MoE, mesh: Mesh, e: int, t: int, combine: str) -> None:
+def _moe(m: MoE, mesh: Mesh, rank: int, combine: str) -> None:
+    e, t = mesh.coords(rank)
     ex = m.experts
     E = ex.w13_packed.shape[0] if isinstance(ex, MXFP4Experts) else ex.w13.shape[0]
     n, i = E // mesh.ep, m.I // mesh.tp
@@ -264,7 +271,7 @@ def _moe(m: MoE, mesh: Mesh, e: int, t: int, combine: str) -> None:
         per = b.shape[2] // mesh.tp  # w2's last dim is I (or I/2 packed, I/32 scales)
         setattr(ex, w2, nn.Parameter(b[:, :, t * per:(t + 1) * per].clone(), requires_grad=False))
     m.I, m.lo, m.n_local, m.group = i, lo, n, list(range(mesh.world))
-    m.combine = combine
+    m.combine, m.peers = combine, (mesh.tp if mesh.dp > 1 else 0)
     device = ex.w2.device if hasattr(ex, "w2") else ex.w2_packed.device
     m.register_buffer("expert_lo", torch.tensor(lo, dtype=torch.int64, device=device))
     if combine == "all_to_all" and mesh.tp > 1:  # the same table on every rank: one capture serves all
@@ -273,7 +280,7 @@ def _moe(m: MoE, mesh: Mesh, e: int, t: int, combine: str) -> None:
         m.register_buffer("slot_ids", table.to(device))
     m.__class__ = ShardedMoE
     if hasattr(m, "shared_experts"):
-        _mlp(m.shared_experts, t, mesh.tp, mesh.tp_group(e * mesh.tp + t))
+        _mlp(m.shared_experts, t, mesh.tp, mesh.tp_group(rank))
 
 
 COMBINES = ("auto", "all_reduce", "all_to_all")
@@ -285,6 +292,11 @@ def choose_combine(moe: MoE, mesh: Mesh) -> dict:
     width = moe.routed_expert_down_proj.out_features if hasattr(moe, "routed_expert_down_proj") \
         else moe.gate.weight.shape[1]
     item = moe.gate.weight.element_size()
+    if mesh.dp > 1:  # the copies hold different tokens: no sum over them, only the exchange
+        a2a = sum(exchange_bytes(1 << 16, moe.top_k * mesh.tp, width, item, mesh.world, mesh.tp)) / (1 << 16)
+        ar = sent_bytes("all_reduce", width * item, mesh.tp)
+        return {"all_reduce": None if mesh.ep > 1 else ar, "all_to_all": a2a,
+                "chosen": "all_to_all" if mesh.ep > 1 else "all_reduce"}
     price = combine_bytes(width, item, moe.top_k, mesh.tp, mesh.ep)
     return {**price, "chosen": "all_to_all" if price["all_to_all"] < price["all_reduce"] else "all_reduce"}
 
@@ -296,9 +308,11 @@ def combine_report(model: nn.Module, mesh: Mesh, combine: str = "auto") -> dict 
     if not moes or mesh.world == 1:
         return None
     rows = [choose_combine(m, mesh) for m in moes]
-    run = [(r["chosen"] if combine == "auto" else combine) if mesh.ep > 1 else "all_reduce" for r in rows]
+    run = [(r["chosen"] if combine == "auto" or mesh.dp > 1 else combine) if mesh.ep > 1 else "all_reduce"
+           for r in rows]
     return {"layers": len(moes), "asked": combine,
-            "all_reduce_bytes_per_token": sum(r["all_reduce"] for r in rows),
+            "all_reduce_bytes_per_token": None if rows[0]["all_reduce"] is None else
+            sum(r["all_reduce"] for r in rows),
             "all_to_all_bytes_per_token": sum(r["all_to_all"] for r in rows),
             "chosen": rows[0]["chosen"], "run": run[0]}
 
@@ -311,6 +325,9 @@ def partition(model: nn.Module, mesh: Mesh | str, rank: int, combine: str = "aut
     check_divides(mesh, model.config)
     if combine not in COMBINES:
         raise UsageError(f"combine must be one of {', '.join(COMBINES)}, got {combine!r}")
+    if mesh.dp > 1 and mesh.ep > 1 and combine == "all_reduce":
+        raise UsageError(f"mesh {mesh}: the data-parallel copies hold different tokens, so their routed experts "
+                         f"combine by all_to_all only (combine all_reduce asked)")
     e, t = mesh.coords(rank)
     group = mesh.tp_group(rank)
     spec = state_spec(model)  # the one-process state's shapes, before the copy (it caches them)
@@ -322,10 +339,10 @@ def partition(model: nn.Module, mesh: Mesh | str, rank: int, combine: str = "aut
             (_mla if isinstance(layer.self_attn, MLAMixer) else _kda)(layer.self_attn, t, mesh.tp, group)
             if hasattr(layer, "mlp"):
                 _mlp(layer.mlp, t, mesh.tp, group)
-        if hasattr(layer, "block_sparse_moe") and mesh.world > 1:
+        if hasattr(layer, "block_sparse_moe") and mesh.tp * mesh.ep > 1:
             moe = layer.block_sparse_moe
             how = choose_combine(moe, mesh)["chosen"] if combine == "auto" else combine
-            _moe(moe, mesh, e, t, how if mesh.ep > 1 else "all_reduce")  # one ep member: nothing to exchange
+            _moe(moe, mesh, rank, how if mesh.ep > 1 else "all_reduce")  # one ep member: nothing to exchange
     if mesh.vocab:
         _vocab(part, t, mesh.tp, group)
     part.mesh, part.rank = mesh, rank

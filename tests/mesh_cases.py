@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from k3c.distributed.simulate import run_ranks
+from k3c.distributed.state import local_job
 from k3c.passes.mesh import Mesh
 from k3c.passes.partition import partition
 
@@ -26,9 +27,10 @@ def eager_parts(model: torch.nn.Module, mesh: Mesh, work: dict, combine: str = "
         part = partition(model, mesh, r, combine=combine)
         if check is not None:
             check(part)
+        mine = local_job(work, mesh, r)  # with dp: the rank's own rows
         with torch.no_grad():
-            lo, st = part.prefill(work["input_ids"])
-            lo2, st2 = part.decode(work["decode_ids"][:, :1], st)
-            lo3, st3 = part.decode(work["decode_ids"][:, 1:], st2)
+            lo, st = part.prefill(mine["input_ids"])
+            lo2, st2 = part.decode(mine["decode_ids"][:, :1], st)
+            lo3, st3 = part.decode(mine["decode_ids"][:, 1:], st2)
         return {"logits": lo, "state": st, "decode_logits": [lo2, lo3], "decode_state": st3, "sent": {}, "calls": {}}
     return run_ranks(one, mesh.world)

@@ -11,6 +11,9 @@ communicator (k3c.kernels.collectives: the simulator's, or torch.distributed in 
                                                       to the owner of its expert -> x [rows, D], ids, route
     moe_combine(y, route, w)     {group}              expert outputs back, weighted sum per token, gathered
 
+`peers` (0: the whole group): the dispatch and combine of data-parallel ranks, where only
+blocks of `peers` consecutive members hold the same tokens (kernels/collectives/naive.py).
+
 `rows` is a dim the capture names (R1, R2, ...; attr kind "rows"): how many rows arrive is
 only known when they do (the torch op's fake makes it a data-dependent size), so a value of
 that length is never inside a backend's segment and a segment that starts after it binds it
@@ -72,16 +75,23 @@ def _a2a_infer(x: TensorType, counts: TensorType, *, group, rows) -> list[Tensor
     return [x.with_shape((rows, *x.shape[1:])), counts]
 
 
-def _dispatch_infer(h: TensorType, idx: TensorType, *, group, experts, rows) -> list[TensorType]:
+def _peers(M: int, peers: int) -> None:
+    expect(peers == 0 or (peers >= 1 and M % peers == 0), "peers",
+           f"peers must be 0 or divide the group of {M}, got {peers}")
+
+
+def _dispatch_infer(h: TensorType, idx: TensorType, *, group, experts, rows, peers=0) -> list[TensorType]:
     M = _members(group)
+    _peers(M, peers)
     expect(h.rank == 2 and idx.rank == 2 and idx.dtype == "i64" and D.equal(h.shape[0], idx.shape[0]), "moe-shape",
            f"moe_dispatch takes h [N, D] and idx i64[N, k], got {h}, {idx}")
     return [h.with_shape((rows, h.shape[1])), TensorType("i64", (rows, 1)),
             TensorType("i64", (D.normalize(idx.shape[0] * idx.shape[1] + 2 * M),))]
 
 
-def _combine_infer(y: TensorType, route: TensorType, w: TensorType, *, group) -> list[TensorType]:
+def _combine_infer(y: TensorType, route: TensorType, w: TensorType, *, group, peers=0) -> list[TensorType]:
     M = _members(group)
+    _peers(M, peers)
     expect(y.rank == 2 and w.rank == 2 and route.dtype == "i64" and route.rank == 1, "moe-shape",
            f"moe_combine takes y [R, D], the route of moe_dispatch and w [N, k], got {y}, {route}, {w}")
     expect(D.equal(route.shape[0], w.shape[0] * w.shape[1] + 2 * M), "moe-shape",
@@ -110,16 +120,17 @@ defop("all_to_all", "x counts", "y received", attrs={"group": GROUP, "rows": att
       ref=lambda x, counts, group, rows=None: C.all_to_all(C.current("all_to_all"), x, counts, list(group)),
       doc="counts[j] rows of x, in order, to member j of `group`; y: the rows received, by source")
 defop("moe_dispatch", "h idx", "x ids route",
-      attrs={"group": GROUP, "experts": attr("int", lo=1), "rows": attr("rows")}, infer=_dispatch_infer,
-      flops=NONE, families="collective moe", eager=True,
-      ref=lambda h, idx, group, experts, rows=None: C.moe_dispatch(C.current("moe_dispatch"), h, idx, list(group),
-                                                              experts),
+      attrs={"group": GROUP, "experts": attr("int", lo=1), "rows": attr("rows"), "peers": attr("int", 0)},
+      infer=_dispatch_infer, flops=NONE, families="collective moe", eager=True,
+      ref=lambda h, idx, group, experts, rows=None, peers=0: C.moe_dispatch(C.current("moe_dispatch"), h, idx,
+                                                                        list(group), experts, peers),
       doc="the (token, slot)s of this rank's token slice to the owners of their experts (experts per rank: "
           "`experts`); x: rows for this rank's experts + one padding row, ids: their local expert ids")
-defop("moe_combine", "y route w", attrs={"group": GROUP}, infer=_combine_infer, families="collective moe",
-      eager=True,
+defop("moe_combine", "y route w", attrs={"group": GROUP, "peers": attr("int", 0)}, infer=_combine_infer,
+      families="collective moe", eager=True,
       flops=lambda ins, outs, a: 2 * ins[2][0] * ins[2][1] * ins[0][1],
-      ref=lambda y, route, w, group: C.moe_combine(C.current("moe_combine"), y, route, w, list(group)),
+      ref=lambda y, route, w, group, peers=0: C.moe_combine(C.current("moe_combine"), y, route, w, list(group),
+                                                          peers),
       doc="expert outputs back to their slots, sum_j w[n, j] * y_slot (fp32), the slices gathered: [N, D]")
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "moe_dispatch", "moe_combine")

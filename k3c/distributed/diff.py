@@ -22,7 +22,7 @@ from ..passes.partition import combine_report
 from .runner import RankModel, compile_mesh
 from .simulate import run_ranks
 from .spawn import spawn
-from .state import join_state
+from .state import join_state, local_job
 
 
 def _worst(triples) -> dict:
@@ -45,7 +45,8 @@ def run_mesh(mesh_dir: Path, job: dict, world: int, simulate: bool = False, time
     lock = threading.Lock()
 
     def one(r: int) -> dict:
-        logits, state, steps, s = _eager(RankModel(mesh_dir, r, lock=lock), job)  # the job, as a model runs it
+        rank = RankModel(mesh_dir, r, lock=lock)
+        logits, state, steps, s = _eager(rank, local_job(job, rank.mesh, r))  # the rank's job, as a model runs it
         return {"logits": logits, "state": state, "decode_logits": steps, "decode_state": s}
     results, comms = run_ranks(one, world, timeout_s)
     for res, c in zip(results, comms):
@@ -69,8 +70,10 @@ def compare_mesh(model: torch.nn.Module, results: list[dict], job: dict, mesh: M
     x_logits, x_state, x_steps, x_s = _eager(copy.deepcopy(model).double(), job)
     joined, joined_dec = join_state([r["state"] for r in results], mesh), \
         join_state([r["decode_state"] for r in results], mesh)
-    rows = {"prefill": _worst((r["logits"], logits, x_logits) for r in results),
-            "decode": _worst((r["decode_logits"][i], steps[i], x_steps[i]) for r in results
+    B = job["input_ids"].shape[0]
+    mine = [mesh.batch_rows(r, B) for r in range(len(results))]  # each rank's own sequences (dp)
+    rows = {"prefill": _worst((res["logits"], logits[m], x_logits[m]) for res, m in zip(results, mine)),
+            "decode": _worst((res["decode_logits"][i], steps[i][m], x_steps[i][m]) for res, m in zip(results, mine)
                              for i in range(len(steps))),
             "state": _worst([(joined[k], state[k], x_state[k]) for k in state]
                             + [(joined_dec[k], s[k], x_s[k]) for k in s])}
@@ -80,10 +83,12 @@ def compare_mesh(model: torch.nn.Module, results: list[dict], job: dict, mesh: M
 
 def diff_mesh(model: torch.nn.Module, backends: list[str], mesh: Mesh | str, *, seq_len: int = 16, batch: int = 2,
               decode_steps: int = 2, out_root: str | Path | None = None, timeout_s: float = 120.0,
-              simulate: bool = False, seed: int = 0, combine: str = "auto") -> dict:
+              simulate: bool = False, seed: int = 0, combine: str = "auto",
+              passes: str | list[str] = "default") -> dict:
     """{"mesh": ..., "backends": {name: {"prefill", "decode", "state": {max_abs_err, rel_rms_err, ok},
     "ok", "sent", "calls"}}}; artifacts in out_root (a temporary folder, removed, when None)."""
     mesh = Mesh.parse(mesh)
+    mesh.batch_rows(0, batch)  # a batch too small for the dp copies fails before any compile
     g = torch.Generator().manual_seed(seed)
     vocab = model.config.vocab_size
     ids = torch.randint(0, vocab, (batch, seq_len + decode_steps), generator=g)
@@ -93,7 +98,7 @@ def diff_mesh(model: torch.nn.Module, backends: list[str], mesh: Mesh | str, *, 
               "combine": combine_report(model, mesh, combine)}
     try:
         for b in backends:
-            d = compile_mesh(model, b, (job["input_ids"],), mesh, root / b.replace(":", "-"), force=True,
+            d = compile_mesh(model, b, (job["input_ids"],), mesh, root / b.replace(":", "-"), passes, force=True,
                              combine=combine)
             results = run_mesh(d, job, mesh.world, simulate, timeout_s)
             report["backends"][b] = compare_mesh(model, results, job, mesh)
@@ -108,7 +113,8 @@ def format_report(report: dict) -> str:
     c = report.get("combine")
     how = (", vocabulary split" if report["mesh"].get("vocab") else "") + \
         (f", routed experts combined by {c['run']}" if c else "")
-    lines = [f"{report['model']} on tp={report['mesh']['tp']}, ep={report['mesh']['ep']} "
+    dp = f"dp={report['mesh']['dp']}, " if report["mesh"].get("dp", 1) > 1 else ""
+    lines = [f"{report['model']} on {dp}tp={report['mesh']['tp']}, ep={report['mesh']['ep']} "
              f"({report['mesh']['world']} ranks{how}) vs the one-process eager model"]
     for b, v in report["backends"].items():
         parts = [f"{k} {v[k]['max_abs_err']:.2e} / {v[k]['rel_rms_err']:.2e}" for k in ("prefill", "decode", "state")]

@@ -1,6 +1,7 @@
 """The rank process: `python -m k3c.distributed.launch MESH_DIR JOB OUT` (under torchrun, or
 spawned by k3c.distributed.spawn) joins the ranks through torch.distributed (gloo on CPU),
-loads its rank's artifact and runs the job: prefill, then decode steps fed its own state shard.
+loads its rank's artifact and runs the job (its own rows of it with dp): prefill, then decode
+steps fed its own state shard.
 
 JOB is a torch.save'd dict {"input_ids": [B, T], "decode_ids": [B, n]}; OUT/rank{r}.pt gets
 {"logits", "state", "decode_logits": [...], "decode_state", "sent", "calls", "timings"}
@@ -24,6 +25,7 @@ def main(argv: list[str]) -> int:
 
     from .comm import TorchComm, init_process_group
     from .runner import RankModel, read_manifest
+    from .state import local_job
 
     mesh_dir, job_file, out = argv
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -38,7 +40,7 @@ def main(argv: list[str]) -> int:
 
         model = RankModel(mesh_dir, rank)
         comm = TorchComm(model.mesh.groups())
-        job = torch.load(job_file)
+        job = local_job(torch.load(job_file), model.mesh, rank)  # with dp: the rows of its copy
         with using(comm), torch.no_grad():
             t0 = time.perf_counter()
             logits, state = model.prefill(job["input_ids"])

@@ -3,7 +3,9 @@
 The names are the one-process model's (`layers.{i}.S`, `.conv_q`, ..., `.ckv`, `.krope`); a
 rank's entries hold its heads: the KDA state S [B, H, K, V] by head (dim 1), the conv tails
 [B, H K, W - 1] by channel (dim 1), the MLA latent cache whole on every rank (it has no head
-axis). Ranks of one tp index along the ep axis hold equal copies.
+axis). Ranks of one tp index along the ep axis hold equal copies. With dp each copy holds the
+state of its own batch rows (Mesh.batch_rows: dim 0 of every entry), and the job it runs is
+its rows of the prompt and decode ids (`local_job`).
 """
 
 from __future__ import annotations
@@ -14,21 +16,44 @@ from ..passes.mesh import Mesh
 from ..passes.partition import split_dim
 
 
+def local_job(job: dict, mesh: Mesh, rank: int) -> dict:
+    """The part of a job (a dict of [B, ...] id tensors) that `rank`'s copy runs: its rows."""
+    batch = job["input_ids"].shape[0]
+    rows = mesh.batch_rows(rank, batch)
+    return {k: v[rows] if isinstance(v, torch.Tensor) and v.dim() and v.shape[0] == batch else v
+            for k, v in job.items()}
+
+
 def split_state(state: dict[str, torch.Tensor], mesh: Mesh, rank: int) -> dict[str, torch.Tensor]:
     """Rank `rank`'s shard of a one-process state."""
     _, t = mesh.coords(rank)
     out = {}
     for name, x in state.items():
+        x = x[mesh.batch_rows(rank, x.shape[0])]
         d = split_dim(name)
         out[name] = x if d is None else x.chunk(mesh.tp, d)[t].contiguous()
     return out
 
 
 def join_state(states: list[dict[str, torch.Tensor]], mesh: Mesh) -> dict[str, torch.Tensor]:
-    """The one-process state from the ranks' shards (those of ep index 0: the others are copies)."""
+    """The one-process state from the ranks' shards: each copy's tp shards joined by head (the
+    ranks of tp index 0 along ep hold copies of them, so the first copy serves), then the dp
+    copies' rows stacked."""
+    copies = range(mesh.dp) if mesh.dp > 1 else range(1)
     out = {}
     for name in states[0]:
         d = split_dim(name)
-        parts = [states[r][name] for r in mesh.tp_group(0)]
-        out[name] = parts[0] if d is None else torch.cat(parts, d)
+        rows = []
+        for a in copies:
+            parts = [states[r][name] for r in mesh.tp_group(a * mesh.tp)]
+            rows.append(parts[0] if d is None else torch.cat(parts, d))
+        out[name] = torch.cat(rows, 0) if len(rows) > 1 else rows[0]
     return out
+
+
+def join_rows(values: list[torch.Tensor], mesh: Mesh) -> torch.Tensor:
+    """One [B, ...] tensor from the ranks' values of their own rows (logits: whole on every rank
+    of a copy)."""
+    if mesh.dp == 1:
+        return values[0]
+    return torch.cat([values[a * mesh.tp] for a in range(mesh.dp)], 0)

@@ -25,6 +25,10 @@ runner's calls torch.distributed):
         Sends each expert output back to the slot it came from, sums a token's slots weighted
         by w (fp32, like moe_down), and gathers the members' slices, so every member ends with
         all N rows.
+
+`peers` (both ops, 0: the whole group): data-parallel ranks hold different tokens, so only
+each block of `peers` consecutive members (a tp group) holds the same N tokens; a member takes
+its slice of its block's tokens and combine gathers the slices within the block only.
 """
 
 from __future__ import annotations
@@ -57,11 +61,20 @@ def all_to_all(comm: Comm, x: torch.Tensor, counts: torch.Tensor, group: list[in
     return y, torch.tensor(received, dtype=torch.int64)
 
 
+def _block(M: int, me: int, peers: int) -> tuple[int, int]:
+    """(first member of `me`'s block of peers, the block's size)."""
+    P = peers or M
+    if M % P:
+        raise ValueError(f"peers={peers} does not divide a group of {M}")
+    return me - me % P, P
+
+
 def moe_dispatch(comm: Comm, h: torch.Tensor, idx: torch.Tensor, group: list[int],
-                 experts: int) -> tuple[torch.Tensor, ...]:
+                 experts: int, peers: int = 0) -> tuple[torch.Tensor, ...]:
     M, me = len(group), group.index(comm.rank)
     N, k = idx.shape
-    lo, hi = token_slice(N, me, M)
+    first, P = _block(M, me, peers)
+    lo, hi = token_slice(N, me - first, P)
     slots = idx[lo:hi].reshape(-1)
     owner = torch.div(slots, experts, rounding_mode="floor")
     order = torch.sort(owner, stable=True).indices  # slots grouped by owner, each group in token order
@@ -78,14 +91,18 @@ def moe_dispatch(comm: Comm, h: torch.Tensor, idx: torch.Tensor, group: list[int
 
 
 def moe_combine(comm: Comm, y: torch.Tensor, route: torch.Tensor, w: torch.Tensor,
-                group: list[int]) -> torch.Tensor:
+                group: list[int], peers: int = 0) -> torch.Tensor:
     M, me = len(group), group.index(comm.rank)
     N, k = w.shape
+    first, P = _block(M, me, peers)
     send, received, position = route[:M], route[M:2 * M], route[2 * M:]
     back, _ = comm.all_to_all(y[:-1], received.tolist(), group, send.tolist())  # the padding row stays here
-    lo, hi = token_slice(N, me, M)
+    lo, hi = token_slice(N, me - first, P)
     per_slot = back[position[lo * k:hi * k]].reshape(hi - lo, k, y.shape[1])  # a slice may be empty
     part = (w[lo:hi, :, None].float() * per_slot.float()).sum(1).to(y.dtype)
-    sizes = [token_slice(N, j, M)[1] - token_slice(N, j, M)[0] for j in range(M)]
-    out, _ = comm.all_to_all(part.repeat(M, 1), [hi - lo] * M, group, sizes)  # all-gather of uneven slices
+    block = range(first, first + P)
+    sizes = [token_slice(N, j - first, P)[1] - token_slice(N, j - first, P)[0] if j in block else 0
+             for j in range(M)]
+    counts = [hi - lo if j in block else 0 for j in range(M)]
+    out, _ = comm.all_to_all(part.repeat(P, 1), counts, group, sizes)  # all-gather of uneven slices (the block's)
     return out

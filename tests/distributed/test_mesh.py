@@ -43,7 +43,7 @@ def mesh_dir(k3, tmp_path_factory):
 
 def test_mesh_errors(k3):
     with pytest.raises(UsageError, match="expected axes"):
-        Mesh.parse("tp=2,dp=2")
+        Mesh.parse("tp=2,xp=2")
     with pytest.raises(UsageError, match="tp=3 does not divide the 4 KDA heads"):
         partition(k3, "tp=3", 0)
     with pytest.raises(UsageError, match="ep=3 does not divide the 8 routed experts"):

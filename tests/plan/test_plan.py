@@ -114,6 +114,7 @@ def test_pipeline_and_dp_arithmetic():
     assert set(sent) == {"all_to_all"} and sent["all_to_all"]["bytes"] == pytest.approx(2 * 40, rel=1e-3)
     assert DeployMesh(dp=2, ep=2).world == 2 and DeployMesh(tp=2, ep=4).world == 8
     assert DeployMesh(dp=8, ep=2, pp=2).world == 16 and DeployMesh(dp=2, pp=2).plan_only
+    assert DeployMesh(dp=8, ep=2).plan_only and not DeployMesh(dp=2, ep=2).plan_only
 
 
 def test_arithmetic_matches_what_the_partition_counts():
@@ -138,10 +139,11 @@ def test_json_fields(tmp_path, capsys):
     out = tmp_path / "plan.json"
     assert main(["plan", "--model", "k3-tiny", "--mesh", "dp=2,ep=2", "--device", "gb300", "--concurrency", "8",
                  "--context", "128", "--json", str(out)]) == 0
-    assert "plan-only" in capsys.readouterr().out
+    assert "plan-only" not in capsys.readouterr().out  # the runtime runs dp=2,ep=2: its bytes are counted
     p = json.loads(out.read_text())
     assert {"mesh", "ranks", "per_token", "estimate"} <= set(p)
-    assert p["mesh"]["dp"] == 2 and p["mesh"]["world"] == 2 and p["mesh"]["plan_only"]
+    assert p["mesh"]["dp"] == 2 and p["mesh"]["world"] == 2 and not p["mesh"]["plan_only"]
+    assert p["per_token"]["decode"]["all_to_all"]["count"] == 4 * 8  # dispatch and combine, 8 MoE layers
     assert [r["rank"] for r in p["ranks"]] == [0, 1]
     assert {"weight_bytes", "state_bytes"} <= set(p["ranks"][0])
     e = p["estimate"]

@@ -1,12 +1,14 @@
 """k3c as a transformers.exporters backend, against transformers' own eager KimiLinear.
 
-transformers' tiny KimiLinearForCausalLM (its own random init, never saved) is exported
+transformers' tiny KimiLinearForCausalLM (its own random init, never saved; two layers, KDA
+with the dense MLP and MLA with the routed experts, to keep the captures short) is exported
 through `AutoHfExporter` with export format "k3c" to onnx and tvm, and run through the
 registered runner: a prefill across a chunk edge (T = 66), decode steps fed with the runner's
 own state, an extend of several tokens, and the program saved and read back by
-`ExportedModel`. The oracle is transformers' eager model with its cache. transformers takes
-fla's GPU kernels whenever fla is importable, so the comparison runs in a subprocess where
-`import fla` fails (tests/models/test_hf_oracle.py does the same).
+`ExportedModel` (the TVM case, a build of tens of seconds, is in the slow tier). The oracle is
+transformers' eager model with its cache. transformers takes fla's GPU kernels whenever fla is
+importable, so the comparison runs in a subprocess where `import fla` fails
+(tests/models/test_hf_oracle.py does the same).
 """
 
 from __future__ import annotations
@@ -37,7 +39,9 @@ SCRIPT = textwrap.dedent(
     from k3c.numerics import compare
 
     torch.manual_seed(0)
-    hf = KimiLinearForCausalLM(KimiLinearConfig(**kimi_config_to_json(config_for("kimi-linear-tiny")))).eval()
+    # two layers of kimi-linear-tiny: KDA with the dense MLP, then MLA with the routed experts
+    tiny = config_for("kimi-linear-tiny", num_layers=2, mla_layers=(2,))
+    hf = KimiLinearForCausalLM(KimiLinearConfig(**kimi_config_to_json(tiny))).eval()
     ids = torch.randint(0, hf.config.vocab_size, (2, 73), generator=torch.Generator().manual_seed(1))
     out = {}
 
@@ -80,20 +84,20 @@ SCRIPT = textwrap.dedent(
 
 
 @needs_transformers
-def test_kimi_linear_through_auto_hf_exporter_matches_transformers_eager(tmp_path):
+@pytest.mark.parametrize("backend", ["onnx", pytest.param("tvm", marks=pytest.mark.slow)])  # tvm: a build
+def test_kimi_linear_through_auto_hf_exporter_matches_transformers_eager(tmp_path, backend):
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     # from outside the repository: its top-level folders are k3c's source, not packages
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path), "onnx", "tvm"], capture_output=True,
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path), backend], capture_output=True,
                           text=True, timeout=600, env=env, cwd=tmp_path)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stderr[-3000:]
     result = json.loads(lines[-1].removeprefix("RESULT "))
-    for backend in ("onnx", "tvm"):
-        for stage in ("prefill", "decode", "extend", "reloaded"):
-            ok, max_abs, rel_rms = result[f"{backend}.{stage}"]
-            assert ok, f"{backend} {stage}: k3c vs transformers max_abs_err={max_abs:.3e} rel_rms_err={rel_rms:.3e}"
-        refused = result[f"{backend}.hf_cache_refused"]
-        assert refused.startswith("InputError") and "DynamicCache" in refused, refused
+    for stage in ("prefill", "decode", "extend", "reloaded"):
+        ok, max_abs, rel_rms = result[f"{backend}.{stage}"]
+        assert ok, f"{backend} {stage}: k3c vs transformers max_abs_err={max_abs:.3e} rel_rms_err={rel_rms:.3e}"
+    refused = result[f"{backend}.hf_cache_refused"]
+    assert refused.startswith("InputError") and "DynamicCache" in refused, refused
 
 
 def test_k3c_imports_without_transformers_and_the_integration_names_it(tmp_path):

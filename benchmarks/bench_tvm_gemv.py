@@ -1,9 +1,11 @@
 """The TVM panel GEMM on stored weights, kernel alone, against a plain read of the same bytes
 in the same run: decode GEMVs (M = 1 and a batch of 8) and a prefill GEMM, BF16 and float32
-weights, in GB/s of weight bytes (and GFLOP/s for the GEMM).
+weights, in GB/s of weight bytes (and GFLOP/s for the GEMM); then the MXFP4 routed-expert
+kernels at k3-small's shapes (E = 32, D = 512, I = 256, top-4) for a decode step's tokens,
+in GB/s of the expert bytes the step touches (the experts its tokens are routed to).
 
-    python benchmarks/bench_tvm_gemv.py                    # 3072 x 512 and 32768 x 512
-    python benchmarks/bench_tvm_gemv.py --shapes 3072x512 --repeat 200
+    python benchmarks/bench_tvm_gemv.py                    # 3072 x 512 and 32768 x 512, experts
+    python benchmarks/bench_tvm_gemv.py --shapes 3072x512 --repeat 200 --no-experts
 
 The read reference is the fastest of numpy's single-thread OR-reduction of the bytes and
 torch's int32 max over them (torch's threads); it runs first, before TVM's thread pool exists,
@@ -54,6 +56,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default="3072x512,32768x512", help="N x K of the weights")
     ap.add_argument("--repeat", type=int, default=100)
+    ap.add_argument("--no-experts", action="store_true", help="skip the MXFP4 expert kernels")
     args = ap.parse_args()
     os.environ.setdefault("TVM_NUM_THREADS", str(len(os.sched_getaffinity(0))))
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
@@ -86,6 +89,71 @@ def main() -> None:
             err = (torch.from_dlpack(y) - x @ w.float().T).abs().max().item()
             print(f"{N:>8} x {K:<7} {str(dt)[6:]:>9} {M:>4} {s * 1e6:>9.1f} {nbytes / s / 1e9:>7.1f} "
                   f"{reads[(N, K, dt)]:>9.1f} {2 * M * N * K / s / 1e9:>8.1f} {err:>9.1e}")
+    if not args.no_experts:
+        experts(args.repeat, gen)
+
+
+def _tvm(t: torch.Tensor):
+    import tvm
+
+    out = tvm.runtime.empty(tuple(t.shape), str(t.dtype).removeprefix("torch."), tvm.cpu())
+    torch.from_dlpack(out).copy_(t)
+    return out
+
+
+def experts(repeat: int, gen: torch.Generator, E: int = 32, D: int = 512, I: int = 256, k: int = 4) -> None:
+    """The MXFP4 gate/up and down kernels of a decode step (rows = 1 a tile, the backend's
+    choice for a step) at B = 1 and 8, with their error against the naive decode and GEMMs:
+    the decode by arithmetic and by table (`lut`, what an AVX2 target takes), in turns."""
+    import tvm
+    from tvm import s_tir
+
+    from k3c.backends.tvm.target import make_target
+    from k3c.kernels.moe.naive import moe_down, moe_gate_up
+    from k3c.kernels.moe.tvm import SCHEDULES, panel
+    from k3c.kernels.moe.tvm import moe_down as tvm_down
+    from k3c.kernels.moe.tvm import moe_gate_up as tvm_gate_up
+    from k3c.kernels.mxfp4.naive import decode
+
+    def panels(packed, scale):  # [E, out, in/2], [E, out, in/32] -> [E, out/F, in/32, 17, F]
+        n_out, half, groups = packed.shape[1], packed.shape[2], scale.shape[-1]
+        F = panel(n_out)
+        codes = packed.reshape(E, n_out // F, F, groups, half // groups).permute(0, 1, 3, 4, 2)
+        return torch.cat([codes, scale.reshape(E, n_out // F, F, groups, 1).permute(0, 1, 3, 4, 2)], 3).contiguous()
+
+    def build(func):
+        sch = s_tir.Schedule(func)
+        SCHEDULES["llvm"](sch)
+        return tvm.compile(tvm.IRModule({"main": sch.mod["main"]}), target=make_target("llvm"))
+
+    def experts_of(n_out: int, n_in: int):
+        return (torch.randint(0, 256, (E, n_out, n_in // 2), dtype=torch.uint8, generator=gen),
+                torch.randint(118, 130, (E, n_out, n_in // 32), dtype=torch.uint8, generator=gen))
+
+    w13, w2 = experts_of(2 * I, D), experts_of(D, I)
+    p13, p2 = _tvm(panels(*w13)), _tvm(panels(*w2))
+    kernels = {lut: (build(tvm_gate_up(E, D, 2 * I, k, "llvm", 1, "mxfp4", lut)),
+                     build(tvm_down(E, I, D, k, "llvm", 1, "mxfp4", lut))) for lut in (False, True)}
+    print(f"MXFP4 experts (k3-small: E {E}, D {D}, I {I}, top-{k}), decode tiles of 1 row; GB/s of the")
+    print("stored bytes (4.25 bits a weight) of the experts the step's tokens are routed to")
+    print(f"{'kernel':>8} {'decode':>6} {'B':>3} {'experts':>8} {'us':>9} {'GB/s':>7} {'max err':>9}")
+    for B in (1, 8):
+        idx = torch.stack([torch.randperm(E, generator=gen)[:k] for _ in range(B)])
+        touched = idx.unique().numel()
+        h, a = torch.randn(B, D, generator=gen), torch.randn(B, k, I, generator=gen)
+        cw = torch.rand(B, k, generator=gen)
+        cases = [(name, lut, lib, args, shape, want, weights) for lut, (gate_up, down) in kernels.items() for
+                 name, lib, args, shape, want, weights in (
+                     ("gate_up", gate_up, [h, p13, idx], (B, k, 2 * I), moe_gate_up(h, decode(*w13), idx), 2 * I * D),
+                     ("down", down, [a, p2, idx, cw], (B, D), moe_down(a, decode(*w2), idx, cw), D * I))]
+        for name, lut, lib, args, shape, want, weights in sorted(cases, key=lambda c: (c[0], c[1])):
+            args = [x if isinstance(x, tvm.runtime.Tensor) else _tvm(x) for x in args]
+            out = _tvm(torch.zeros(shape))
+            s = fastest(lambda lib=lib, args=args, out=out: lib(*args, out), repeat)
+            err = (torch.from_dlpack(out) - want).abs().max().item()
+            gbps = touched * weights * 17 / 32 / s / 1e9
+            form = "table" if lut else "arith"
+            print(f"{name:>8} {form:>6} {B:>3} {touched:>8} {s * 1e6:>9.1f} {gbps:>7.1f} {err:>9.1e}")
 
 
 if __name__ == "__main__":

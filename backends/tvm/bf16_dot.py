@@ -13,17 +13,10 @@ so a compute="f32" module, and any module built for a CPU without AVX-512 BF16, 
 
 from __future__ import annotations
 
-import functools
-
 from tvm import relax
 
 from ...kernels.common.tvm.gemm_bf16 import PANEL, ROWS, dot_linear, pack_panels, pack_rows, round_bf16
-from .target import has, make_target
-
-
-@functools.cache
-def target_has(feature: str, mcpu: str | None) -> bool:
-    return has(make_target("llvm", mcpu=mcpu), feature)
+from .target import target_has
 
 
 def holds_bf16(ctx, value: str) -> bool:

@@ -30,16 +30,25 @@ def _panels(ctx: LowerContext, packed, scale, E: int, n_out: int, n_in: int) -> 
     return ctx.bb.emit(R.concat([codes, scales], axis=3))
 
 
+def _by_table(ctx: LowerContext) -> bool:
+    """Whether the kernels decode MXFP4 by table (an llvm target with AVX2: kernels/moe/tvm/mxfp4.py)."""
+    from .target import target_has
+
+    return ctx.target == "llvm" and target_has("avx2", ctx.options.get("mcpu"))
+
+
 def _gate_up(ctx, h, packed, scale, idx, E: int, D_: int, I2: int, k: int, N, rows: int) -> relax.Expr:
-    gv = ctx.kernel(("moe_gate_up_mxfp4", E, D_, I2, k, rows),
-                    lambda: moe_gate_up(E, D_, I2, k, ctx.target, rows, weights="mxfp4"), MOE_SCHEDULES)
+    lut = _by_table(ctx)
+    gv = ctx.kernel(("moe_gate_up_mxfp4", E, D_, I2, k, rows, lut),
+                    lambda: moe_gate_up(E, D_, I2, k, ctx.target, rows, weights="mxfp4", lut=lut), MOE_SCHEDULES)
     args = [h, _panels(ctx, packed, scale, E, I2, D_), idx]
     return ctx.call_tir(gv, args, [relax.TensorType([N, k, I2], "float32")])[0]
 
 
 def _down(ctx, a, packed, scale, idx, w, E: int, I: int, Dout: int, k: int, N, rows: int) -> relax.Expr:
-    gv = ctx.kernel(("moe_down_mxfp4", E, I, Dout, k, rows),
-                    lambda: moe_down(E, I, Dout, k, ctx.target, rows, weights="mxfp4"), MOE_SCHEDULES)
+    lut = _by_table(ctx)
+    gv = ctx.kernel(("moe_down_mxfp4", E, I, Dout, k, rows, lut),
+                    lambda: moe_down(E, I, Dout, k, ctx.target, rows, weights="mxfp4", lut=lut), MOE_SCHEDULES)
     args = [a, _panels(ctx, packed, scale, E, Dout, I), idx, w]
     return ctx.call_tir(gv, args, [relax.TensorType([N, Dout], "float32")])[0]
 

@@ -87,6 +87,12 @@ def has(target: tvm.target.Target, feature: str) -> bool:
     return feature in cpu_features(target)
 
 
+@functools.cache
+def target_has(feature: str, mcpu: str | None = None) -> bool:
+    """Whether the llvm target of `mcpu` (None: this host's) has CPU feature `feature`."""
+    return has(make_target("llvm", mcpu=mcpu), feature)
+
+
 def check_host(features: list[str], where: str, built_for: str = "") -> None:
     """An ArtifactError, one line, when this host lacks a CPU feature an artifact was built with."""
     missing = [f for f in features if f not in host_features()]

@@ -55,13 +55,15 @@ def weight_panels(fmt: str, E: int, n_out: int, n_in: int) -> tuple[tuple[int, .
 
 
 def moe_gate_up(E: int, D: int, I2: int, k: int, target: str = "llvm", rows: int = 6,
-                weights: str = "float32") -> tirx.PrimFunc:
+                weights: str = "float32", lut: bool = False) -> tirx.PrimFunc:
     """h [N, D], w13 panels (`weight_panels`), idx [N, k] (int64) -> gu [N, k, I2]; float32
-    compute, F = panel(I2)."""
+    compute, F = panel(I2). `lut`: MXFP4 decoded by table (an x86 target with AVX2, mxfp4.py)."""
     F = panel(I2)
     cols = inner_loop(target)
     wshape, wdtype = weight_panels(weights, E, I2, D)
     mxfp4 = weights == "mxfp4"
+    by_table = bool(mxfp4 and lut and target == "llvm" and F in mx.LUT_LANES)
+    table_row = mx.lut_row(F) if by_table else None
     NG, CB = D // mx.G, mx.CODE_BYTES
 
     @T.prim_func(s_tir=True)
@@ -84,6 +86,7 @@ def moe_gate_up(E: int, D: int, I2: int, k: int, target: str = "llvm", rows: int
                 sc = T.alloc_buffer((F,), "float32", scope="local")
                 lo = T.alloc_buffer((F,), "float32", scope="local")
                 hi = T.alloc_buffer((F,), "float32", scope="local")
+                cd = T.alloc_buffer((F,), "int32", scope="local")
                 cnt[0] = T.int64(0)
                 for p in range(N * k):
                     if idx[p // k, p % k] == T.Cast("int64", ve):
@@ -101,9 +104,12 @@ def moe_gate_up(E: int, D: int, I2: int, k: int, target: str = "llvm", rows: int
                                 for f in cols(F):
                                     sc[f] = mx.e8m0(T.Cast("int32", w[ve, fo, g, CB, f]))
                                 for j in range(CB):
-                                    for f in cols(F):  # the panel row decoded once for all rows
-                                        lo[f] = mx.e2m1(mx.low(w[ve, fo, g, j, f])) * sc[f]
-                                        hi[f] = mx.e2m1(mx.high(w[ve, fo, g, j, f])) * sc[f]
+                                    if by_table:
+                                        table_row(w, ve, fo, g, j, sc, lo, hi, cd)
+                                    else:
+                                        for f in cols(F):  # the panel row decoded once for all rows
+                                            lo[f] = mx.e2m1(mx.low(w[ve, fo, g, j, f])) * sc[f]
+                                            hi[f] = mx.e2m1(mx.high(w[ve, fo, g, j, f])) * sc[f]
                                     for r in T.unroll(rows):
                                         for f in cols(F):
                                             acc[r, f] = acc[r, f] + h[tok[r], g * mx.G + 2 * j] * lo[f]
@@ -123,13 +129,15 @@ def moe_gate_up(E: int, D: int, I2: int, k: int, target: str = "llvm", rows: int
 
 
 def moe_down(E: int, I: int, Dout: int, k: int, target: str = "llvm", rows: int = 6,
-             weights: str = "float32") -> tirx.PrimFunc:
+             weights: str = "float32", lut: bool = False) -> tirx.PrimFunc:
     """a [N, k, I], w2 panels (`weight_panels`), idx [N, k] (int64), w [N, k] -> y [N, Dout];
-    float32 compute, F = panel(Dout)."""
+    float32 compute, F = panel(Dout). `lut` as for moe_gate_up."""
     F = panel(Dout)
     cols = inner_loop(target)
     wshape, wdtype = weight_panels(weights, E, Dout, I)
     mxfp4 = weights == "mxfp4"
+    by_table = bool(mxfp4 and lut and target == "llvm" and F in mx.LUT_LANES)
+    table_row = mx.lut_row(F) if by_table else None
     NG, CB = I // mx.G, mx.CODE_BYTES
 
     @T.prim_func(s_tir=True)
@@ -154,6 +162,7 @@ def moe_down(E: int, I: int, Dout: int, k: int, target: str = "llvm", rows: int 
                 sc = T.alloc_buffer((F,), "float32", scope="local")
                 lo = T.alloc_buffer((F,), "float32", scope="local")
                 hi = T.alloc_buffer((F,), "float32", scope="local")
+                cd = T.alloc_buffer((F,), "int32", scope="local")
                 cnt[0] = T.int64(0)
                 for p in range(N * k):
                     if idx[p // k, p % k] == T.Cast("int64", ve):
@@ -171,9 +180,12 @@ def moe_down(E: int, I: int, Dout: int, k: int, target: str = "llvm", rows: int 
                                 for f in cols(F):
                                     sc[f] = mx.e8m0(T.Cast("int32", w2[ve, fo, g, CB, f]))
                                 for j in range(CB):
-                                    for f in cols(F):
-                                        lo[f] = mx.e2m1(mx.low(w2[ve, fo, g, j, f])) * sc[f]
-                                        hi[f] = mx.e2m1(mx.high(w2[ve, fo, g, j, f])) * sc[f]
+                                    if by_table:
+                                        table_row(w2, ve, fo, g, j, sc, lo, hi, cd)
+                                    else:
+                                        for f in cols(F):
+                                            lo[f] = mx.e2m1(mx.low(w2[ve, fo, g, j, f])) * sc[f]
+                                            hi[f] = mx.e2m1(mx.high(w2[ve, fo, g, j, f])) * sc[f]
                                     for r in T.unroll(rows):
                                         for f in cols(F):
                                             acc[r, f] = acc[r, f] + a[pr[r] // k, pr[r] % k, g * mx.G + 2 * j] * lo[f]

@@ -8,7 +8,8 @@ re-laid out in panels, decoded in registers (kernels/mxfp4/naive.py defines the 
 So a weight costs what it costs on disk (4.25 bits), and the panel of F features is read
 contiguously, group by group. The backend builds the panels with reshapes, a permute and a
 concat, weight-only work that the build lifts into the one-time parameter transform.
-A weight is e2m1(code) * e8m0(scale), both built from bits (exact, as the definition is).
+A weight is e2m1(code) * e8m0(scale), both built from bits (exact, as the definition is), or, on
+an x86 target with AVX2, the E2M1 value looked up in a vector table (`lut_row`): the same bits.
 """
 
 from __future__ import annotations
@@ -47,3 +48,54 @@ def low(byte):
 def high(byte):
     """The code of the odd k of a stored byte (uint8) as int32."""
     return T.shift_right(T.Cast("int32", byte), 4)
+
+
+# The decode by table on x86 with AVX2 (`lut=True` of the expert kernels, chosen from the
+# target's features when the module is lowered): `vpermps` picks each code's magnitude from the
+# 8 E2M1 magnitudes by its low 3 bits, and bit 3 becomes the sign bit: 4 or 5 vector
+# operations for 8 weights, where the arithmetic decode above takes 11 or 12. The same values
+# bit for bit (-0.0 for code 8 too). The table is a vector register, so it is an LLVM function
+# imported into the module (TVM's vector gather would not reach the instruction).
+LUT_LANES = (8, 16)  # panel widths the table decode takes (two AVX2 vectors at 16)
+LUT_FN = "k3c_e2m1_x{lanes}"
+_MAGNITUDES = "<8 x float> <float 0.0, float 0.5, float 1.0, float 1.5, float 2.0, float 3.0, float 4.0, float 6.0>"
+
+
+def lut_ll(lanes: int) -> str:
+    """LLVM IR of `k3c_e2m1_x{lanes}`: int32 lanes holding a code in bits 0-3 (bits 4 and up
+    ignored) -> their E2M1 values as float32."""
+    halves = lanes // 8
+    lines = ["declare <8 x float> @llvm.x86.avx2.permps(<8 x float>, <8 x i32>)",
+             f"define linkonce_odr <{lanes} x float> @{LUT_FN.format(lanes=lanes)}(<{lanes} x i32> %c) alwaysinline {{"]
+    for h in range(halves):
+        idx = ", ".join(f"i32 {8 * h + i}" for i in range(8))
+        lines.append(f"  %i{h} = shufflevector <{lanes} x i32> %c, <{lanes} x i32> poison, <8 x i32> <{idx}>")
+        lines.append(f"  %m{h} = call <8 x float> @llvm.x86.avx2.permps({_MAGNITUDES}, <8 x i32> %i{h})")
+    if halves == 2:
+        idx = ", ".join(f"i32 {i}" for i in range(16))
+        lines.append(f"  %m = shufflevector <8 x float> %m0, <8 x float> %m1, <16 x i32> <{idx}>")
+    mag = "%m" if halves == 2 else "%m0"
+    lines += [f"  %s = shl <{lanes} x i32> %c, splat (i32 28)",  # bit 3 -> the sign bit; the rest falls off
+              f"  %sign = and <{lanes} x i32> %s, splat (i32 -2147483648)",
+              f"  %bits = bitcast <{lanes} x float> {mag} to <{lanes} x i32>",
+              f"  %v = or <{lanes} x i32> %bits, %sign",
+              f"  %r = bitcast <{lanes} x i32> %v to <{lanes} x float>",
+              f"  ret <{lanes} x float> %r", "}"]
+    return "\n".join(lines) + "\n"
+
+
+def lut_row(F: int):
+    """The decode of one panel row by table: lo, hi [F] = the even and odd k's weights of row j
+    of group g (codes of w[e, fo, g, j, :], widened into cd [F] int32) times the group's scales sc [F]."""
+    ll, fn = lut_ll(F), LUT_FN.format(lanes=F)
+
+    @T.macro
+    def row(w, ve, fo, g, j, sc, lo, hi, cd):
+        with T.attr(0, "pragma_import_llvm", ll):
+            for f in T.vectorized(F):  # one contiguous load of the row's bytes
+                cd[f] = T.Cast("int32", w[ve, fo, g, j, f])
+            lanes = T.ramp(T.int64(0), T.int64(1), F)
+            lo[lanes] = T.call_extern(f"float32x{F}", fn, cd[lanes]) * sc[lanes]
+            hi[lanes] = T.call_extern(f"float32x{F}", fn, T.shift_right(cd[lanes], T.Broadcast(4, F))) * sc[lanes]
+
+    return row

@@ -23,17 +23,18 @@ import numpy as np
 import torch
 
 from ..errors import InputError
-from ..ir import Graph, bind_dims
+from ..ir import Graph, bind_dims, named_inputs
 
 
 def id_bounds(graph: Graph) -> dict[str, int]:
     """Integer inputs that index an embedding table -> the number of rows of that table."""
     out = {}
-    for node in graph.nodes:
-        if node.op == "embedding" and node.inputs[1] in graph.inputs:
-            rows = graph.types[node.inputs[0]].shape[0]
+    for node in (n for n in graph.nodes if n.op == "embedding"):
+        x = named_inputs(node)
+        if x["ids"] in graph.inputs:
+            rows = graph.types[x["weight"]].shape[0]
             if isinstance(rows, int):
-                out[node.inputs[1]] = rows
+                out[x["ids"]] = rows
     return out
 
 

@@ -67,9 +67,18 @@ def markdown(rows=None) -> str:
     return "\n".join(lines)
 
 
+def variants() -> dict[tuple[str, str], tuple[str, ...]]:
+    """(table, op) -> the named forms its lowering emits, where it has several (the ONNX
+    functions of an op whose activation or gate kind picks the body)."""
+    return {(t, op): low.variants for t in L.TABLES for op, low in sorted(L.load(t).items())
+            if len(low.variants) > 1}
+
+
 def text(rows=None) -> str:
     rows = matrix() if rows is None else rows
     head = ("family", "op", *COLUMNS)
     body = [(fam, op, *(cells[c].replace("`", "") for c in COLUMNS)) for fam, op, cells in rows]
     widths = [max(len(r[i]) for r in [head, *body]) for i in range(len(head))]
-    return "\n".join("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in [head, *body])
+    lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in [head, *body]]
+    forms = [f"  {t} {op}: {', '.join(names)}" for (t, op), names in variants().items()]
+    return "\n".join(lines + (["", "forms chosen by attribute:"] + forms if forms else []))

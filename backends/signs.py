@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from functools import cache
 
-from ..ir import OPS, Graph
+from ..ir import OPS, Graph, named_inputs
 
 NONNEG_OPS = {"exp", "softplus", "sigmoid", "relu", "abs", "sqrt", "rsqrt"}
 SAME_SIGN_OPS = {"reshape", "permute", "expand", "slice", "split", "concat", "stack", "cast"}
@@ -56,7 +56,8 @@ def sign_of(graph: Graph):
             return "nonneg"
         ins = [sign(i) for i in n.inputs if i]
         if n.op == "where":  # either branch: a padded token's zero gate keeps the gate's sign
-            branches = [sign(i) for i in n.inputs[1:]]
+            x = named_inputs(n)
+            branches = [sign(x["a"]), sign(x["b"])]
             return branches[0] if len(branches) == 2 and branches[0] == branches[1] != "input" else None
         if n.op == "neg":
             return {"nonpos": "nonneg", "nonneg": "nonpos"}.get(ins[0])

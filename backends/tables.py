@@ -4,6 +4,11 @@
     def lower_my_op(ctx, node, x, w):          # TVM: Relax expressions in, Relax expression(s) out
         ...
 
+One contract for every backend: the walker calls `fn(ctx, node, **inputs)` with the node's
+inputs as keywords named by its op's spec (`k3c.ir.named_inputs`: a variadic input as a list,
+an absent optional one as None), and `ctx.attrs(node)` has its attributes with the defaults
+filled in. A lowering shared by several ops takes `**inputs` (in the spec's order).
+
 A `Lowering` holds the function and, beside it, `supports(node, graph) -> (ok, reason)`.
 Each backend reads its table (and nothing else) to lower a node and to say whether it can;
 the support matrix (`k3c ops`) reads the same tables. An op with no lowering but with a
@@ -12,12 +17,15 @@ first (k3c.passes.legalize), until every node is one the backend lowers.
 
 Tables and the signature of their functions (each backend's README says more):
 
-    onnx       fn(lx, node) -> None            emit ONNX nodes with lx.b; read inputs as
-                                               lx.x(value), write outputs to lx.out(node, i)
+    onnx       fn(lx, node, **inputs) -> None  inputs: IR values; emit ONNX nodes with lx.b,
+                                               lx.x(value) an input's ONNX name, lx.outs(node)
+                                               the outputs to write
     onnx:ort   the same; the `ort` flavour tries these first and falls back to `onnx` when
                `supports` says no
-    tvm        fn(ctx, node, *inputs) -> relax.Expr | list[relax.Expr]
-    triton     fn(cg, node) -> str             one statement of the generated module
+    tvm        fn(ctx, node, **inputs) -> relax.Expr | list[relax.Expr]
+                                               inputs: Relax values (ctx.ir(node): the IR values)
+    triton     fn(cg, node, **inputs) -> str   inputs: IR values (cg.val(value) its Python
+                                               name); one statement of the generated module
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..ir import OPS, Graph, Node
+from ..ir.types import FLOATS
 from ..registry import Registry
 
 Supports = Callable[[Node, Graph], tuple[bool, str]]
@@ -34,13 +43,38 @@ Supports = Callable[[Node, Graph], tuple[bool, str]]
 
 @dataclass(frozen=True)
 class Lowering:
+    """One (backend, op) entry. Besides the function and its `supports`:
+
+    - `floats`: the float dtypes its code computes in (the backend's float policy for this
+      lowering: "f32" for the ONNX function bodies, onnxruntime's kernels and the TensorIR
+      kernels); None takes any. A node with another float value is refused by `check`.
+    - `variants` / `variant(node)`: the named forms the lowering emits, and which one a node
+      takes (ONNX: the k3c-domain function, functions/); `check` refuses a node whose variant
+      is not one of them, so a missing body is a `supports` answer, not a lowering error.
+    - `expr`: the op's expression inside a generated elementwise kernel (Triton: the
+      planner fuses the op into its neighbours' kernel; `fn` is its form outside one).
+    """
+
     backend: str
     op: str
     fn: Callable
     supports: Supports | None = None
     kind: str = "user"  # what the support matrix shows: "std", "fn", "TIR", "kernel", a target op, ...
+    floats: tuple[str, ...] | None = None
+    variants: tuple[str, ...] = ()
+    variant: Callable[[Node], str] | None = None
+    expr: str | None = None
 
     def check(self, node: Node, graph: Graph) -> tuple[bool, str]:
+        if self.floats is not None:
+            for v in node.inputs + node.outputs:
+                dtype = graph.types[v].dtype
+                if dtype in FLOATS and dtype not in self.floats:
+                    return False, (f"the {self.backend} {self.kind} lowering of {node.op} computes in "
+                                   f"{'/'.join(self.floats)} only; %{v} is {dtype}")
+        if self.variant is not None and self.variant(node) not in self.variants:
+            return False, (f"no {self.backend} form {self.variant(node)!r} of {node.op} "
+                           f"(it has {', '.join(self.variants)})")
         return self.supports(node, graph) if self.supports is not None else (True, "")
 
 
@@ -65,11 +99,12 @@ def _table(backend: str) -> Registry:
     return TABLES[backend]
 
 
-def builtin(backend: str, *ops: str, supports: Supports | None = None, kind: str):
-    """Decorator for k3c's own lowerings (the modules of _BUILTIN): register fn for `ops`."""
+def builtin(backend: str, *ops: str, supports: Supports | None = None, kind: str, **fields):
+    """Decorator for k3c's own lowerings (the modules of _BUILTIN): register fn for `ops`
+    (`fields`: the other fields of `Lowering`, such as `floats` or `expr`)."""
     def deco(fn: Callable) -> Callable:
         for op in ops:
-            _table(backend).add(op, Lowering(backend, op, fn, supports, kind), builtin=True)
+            _table(backend).add(op, Lowering(backend, op, fn, supports, kind, **fields), builtin=True)
         return fn
     return deco
 

@@ -83,16 +83,17 @@ def fuse_kda_gate(graph: ir.Graph):
 PIPELINE = passes.PIPELINES["default"] + ["fuse-kda-gate"]
 
 
-# 4. ONNX's own lowering: `lx.x(value)` names an input, `lx.out(node, i)` the output to
-#    write, `lx.b` builds standard ONNX nodes, `lx.attrs(node)` has the defaults filled in.
+# 4. ONNX's own lowering: the inputs arrive as keywords named as in the `defop`, `lx.x(value)`
+#    is an input's ONNX name, `lx.outs(node)` the outputs to write, `lx.b` builds standard
+#    ONNX nodes, `lx.attrs(node)` has the defaults filled in.
 
 
 @k3c.backends.lowering("onnx", OP, replace=True)
-def _onnx_gate(lx, node):
-    f, a, dt = (lx.x(v) for v in node.inputs)
+def _onnx_gate(lx, node, f, a, dt):
+    f, a, dt = lx.x(f), lx.x(a), lx.x(dt)
     lb = lx.attrs(node)["lower_bound"]
     b = lx.b
-    b.Mul(b.Sigmoid(b.Mul(a, b.Add(f, dt))), b.const(lb), outputs=[lx.out(node, 0)])
+    b.Mul(b.Sigmoid(b.Mul(a, b.Add(f, dt))), b.const(lb), outputs=lx.outs(node))
 
 
 # 5. Compile and check.

@@ -13,14 +13,15 @@ if __name__ != "k3c.ir":  # imported under its bare name, e.g. from the reposito
         "guard"](globals())  # a probe gets a stand-in that holds nothing; an import statement, the error
 
 
+from .dims import decode_step
 from .graph import Graph, Node
 from .interpret import InputError, bind_dims, interpret
-from .ops import FAMILIES, OPS, OpSpec, ShapeError, family
+from .ops import FAMILIES, OPS, OpSpec, ShapeError, family, named_inputs
 from .serialize import load, save
 from .text import ParseError, parse, print_graph
 from .types import DTYPES, TensorType, dtype_name
 from .verify import VerifyError, verify
 
-__all__ = ["Graph", "Node", "TensorType", "OPS", "OpSpec", "FAMILIES", "family", "ShapeError",
-           "interpret", "bind_dims", "InputError", "verify", "VerifyError", "parse", "print_graph",
+__all__ = ["Graph", "Node", "TensorType", "OPS", "OpSpec", "FAMILIES", "family", "named_inputs", "ShapeError",
+           "decode_step", "interpret", "bind_dims", "InputError", "verify", "VerifyError", "parse", "print_graph",
            "ParseError", "save", "load", "DTYPES", "dtype_name"]

@@ -91,3 +91,18 @@ def evaluate(d: Dim, env: Mapping[str, int]) -> int:
 
 def symbols_of(d: Dim) -> set[str]:
     return set() if isinstance(d, int) else {s.name for s in d.free_symbols}
+
+
+def decode_step(graph, value: str | None = None, axis: int = 1) -> bool:
+    """Whether `graph` is a decode step (one new token per sequence), or, given `value`, whether
+    that value's rows are a decode step's.
+
+    The fact is the entry recorded at capture: `graph.meta["entry"] == "decode"` (a mesh's
+    segment keeps it as "segment_of"). Apart from it, a value whose token `axis` (its rows:
+    1 for [B, T, ...], 0 for the flattened [N, ...]) is the constant 1 is one token per sequence
+    whatever its entry: a graph written as IR text, or a static capture of one token.
+    The one test every pass and backend asks (chunk or not, absorb MLA or not, GEMM and expert
+    row tiles, onnxruntime's expert forms)."""
+    if graph.meta.get("segment_of", graph.meta.get("entry")) == "decode":
+        return True
+    return value is not None and graph.types[value].shape[axis] == 1

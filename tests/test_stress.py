@@ -72,15 +72,13 @@ def test_exact_ties_route_to_the_lower_index_everywhere(model):
     assert idx.tolist() == [[1, 2]] and torch.equal(values, scores[:, 1:3])
 
 
-def _raw_sigmoid(lx, node):
-    (x,), (y,) = [lx.x(i) for i in node.inputs], [lx.out(node, 0)]
-    lx.b.Sigmoid(x, outputs=[y])
+def _raw_sigmoid(lx, node, x):
+    lx.b.Sigmoid(lx.x(x), outputs=lx.outs(node))
 
 
-def _naive_softplus(lx, node):  # log(1 + exp(x)): no threshold, the form TVM and Triton had
-    (x,), (y,) = [lx.x(i) for i in node.inputs], [lx.out(node, 0)]
+def _naive_softplus(lx, node, x):  # log(1 + exp(x)): no threshold, the form TVM and Triton had
     b = lx.b
-    b.Log(b.Add(b.const(1.0, "f32"), b.Exp(x)), outputs=[y])
+    b.Log(b.Add(b.const(1.0, "f32"), b.Exp(lx.x(x))), outputs=lx.outs(node))
 
 
 @pytest.mark.parametrize("stress, op, lowering", [("router-low", "sigmoid", _raw_sigmoid),
@@ -91,6 +89,8 @@ def test_the_stress_catches_the_old_form_and_names_it(model, captured, stress, o
         report = _diff(model, captured, stress, ["onnx"])
     b = report.backends["onnx"]
     assert not b.ok and b.rel_rms_err > 1e-4, report.table(per_tensor=True)
+    assert b.first_bad_node["op"] == op, b.first_bad_node
+    assert "off on the reference's inputs" in b.first_bad_node["how"]
 
 
 GARBAGE = {"seq_len": 8, "decode_steps": 1}  # capacity 14: rows 12 and 13 are never written
@@ -140,5 +140,3 @@ def test_garbage_capacity_catches_masked_weights_times_nan(model, monkeypatch):
     monkeypatch.setattr(naive, "cached_attention", weighted_by_zero)
     report = garbage_capacity(model, [], **GARBAGE)
     assert not report.backends["eager"].ok, report.table(per_tensor=True)
-    assert b.first_bad_node["op"] == op, b.first_bad_node
-    assert "off on the reference's inputs" in b.first_bad_node["how"]

@@ -21,6 +21,7 @@ from onnx.external_data_helper import set_external_data
 
 from ...errors import ArtifactError
 from ...ir import Graph
+from ..contract import id_bounds
 from .builder import NUMPY_TYPES, OPSET
 from .lower import PRESENT
 
@@ -77,11 +78,8 @@ def describe_entry(graph: Graph, file: str, state: set[str]) -> dict:
 
     outs = [io(k, PRESENT + k if k in inputs else k, v) for k, v in graph.outputs]
     ins = [io(i, i, i) for i in graph.inputs]
-    for node in graph.nodes:  # token ids index an embedding table: record its size
-        if node.op == "embedding" and node.inputs[1] in inputs:
-            rows = graph.types[node.inputs[0]].shape[0]
-            if isinstance(rows, int):
-                ins[graph.inputs.index(node.inputs[1])]["bounds"] = [0, rows]
+    for ids, rows in id_bounds(graph).items():  # token ids index an embedding table: record its size
+        ins[graph.inputs.index(ids)]["bounds"] = [0, rows]
     entry = {"file": file, "inputs": ins, "outputs": outs}
     if "dynamic" in graph.meta:  # a module's capture: the dims it took as dynamic (frontend/dims.py)
         entry["dynamic"] = graph.meta["dynamic"]

@@ -9,6 +9,7 @@ its decomposition in standard ops (MatMul, Where over the positions, Softmax).
 
 from __future__ import annotations
 
+from ...ir import named_inputs
 from ..tables import builtin
 
 # ops that need a newer default-domain opset than the artifacts' OPSET (lower.py imports it)
@@ -16,12 +17,11 @@ OPSET_OF = {"TensorScatter": 24}
 
 
 def _supports(node, graph) -> tuple[bool, str]:
-    if graph.types[node.inputs[2]].dtype != "i64":
+    if graph.types[named_inputs(node)["positions"]].dtype != "i64":
         return False, "TensorScatter takes int64 write indices"
     return True, ""
 
 
 @builtin("onnx", "cache_write", kind="std", supports=_supports)
-def _cache_write(lx, node) -> None:
-    cache, new, positions = (lx.x(i) for i in node.inputs)
-    lx.b.TensorScatter(cache, new, positions, outputs=[lx.out(node, 0)], axis=1)
+def _cache_write(lx, node, cache: str, new: str, positions: str) -> None:
+    lx.b.TensorScatter(lx.x(cache), lx.x(new), lx.x(positions), outputs=lx.outs(node), axis=1)

@@ -18,7 +18,7 @@ import sympy
 import torch
 from onnx import helper as oh
 
-from ...ir import OPS, Graph, Node
+from ...ir import OPS, Graph, Node, named_inputs
 from .. import tables as L
 from .builder import DOMAIN, IR_VERSION, MS_DOMAIN, ONNX_TYPES, OPSET, Builder, LoweringError, numbering, value_info
 from .functions import FUNCTIONS, function_proto
@@ -72,9 +72,9 @@ class Lowering:
         """The node's attributes with the op's defaults filled in."""
         return OPS[node.op].full_attrs(node.attrs)
 
-    def named(self, node: Node) -> dict[str, str]:
-        """The ONNX names of the node's inputs by the names of its op's spec."""
-        return dict(zip(OPS[node.op].tensor_inputs, (self.x(i) for i in node.inputs)))
+    def outs(self, node: Node) -> list[str]:
+        """The ONNX names the node's outputs are written to, in order."""
+        return [self.out(node, i) for i in range(len(node.outputs))]
 
     def x(self, value: str) -> str:
         """The ONNX name of IR value `value` (a weight becomes an initializer on first use)."""
@@ -141,7 +141,7 @@ class Lowering:
         out_names = self._plan_outputs()
         for node in g.nodes:
             before = len(self.b.nodes)
-            self.lowering_of(node).fn(self, node)
+            self.lowering_of(node).fn(self, node, **named_inputs(node))
             for n in _walk(self.b.nodes[before:]):
                 if n.domain in (DOMAIN, MS_DOMAIN) or n.op_type in ("RMSNormalization", "Attention", "Conv", "Gemm"):
                     self.report[(node.op, f"{n.domain or 'ai.onnx'}::{n.op_type}")] += 1

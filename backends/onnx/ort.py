@@ -16,8 +16,9 @@ from __future__ import annotations
 import sympy
 import torch
 
-from ...ir import Graph, Node
 from ...ir import dims as D
+from ...ir import named_inputs
+from ...ir.types import FLOATS
 from ..tables import builtin
 from .builder import MS_DOMAIN, Builder, subgraph
 from .functions.attention import absorbed_query, mla_keys_values
@@ -25,22 +26,18 @@ from .functions.conv import short_conv
 from .functions.mlp import activation, moe_experts, sorted_slots
 from .standard import ones_like_last
 
+# onnxruntime's kernels that k3c maps onto compute in float32 here (the float policy of the
+# `onnx:ort` table; RMSNormalization takes any float).
+KERNEL_FLOATS = ("f32",)
 
-def mapping(target: str, *ops: str, supports):
+
+def mapping(target: str, *ops: str, supports, floats: tuple[str, ...] | None = KERNEL_FLOATS):
     """Register an emitter of ops as onnxruntime's `target` ("domain::op") where `supports` holds."""
-    return builtin("onnx:ort", *ops, kind=f"`{target}`", supports=supports)
+    return builtin("onnx:ort", *ops, kind=f"`{target}`", supports=supports, floats=floats)
 
 
 def _static(*dims) -> bool:
     return all(not isinstance(d, sympy.Basic) for d in dims)
-
-
-def _f32(g: Graph, node: Node) -> bool:
-    return all(g.types[i].dtype in ("f32", "i64") for i in node.inputs)
-
-
-def _io(lx, node: Node):
-    return [lx.x(i) for i in node.inputs], [lx.out(node, i) for i in range(len(node.outputs))]
 
 
 def _packed(b: Builder, x: str, width: int) -> str:
@@ -55,27 +52,26 @@ _RULES = {"kda": "gated_delta", "gated_delta_rule": "gated_delta", "delta_rule":
 
 
 def _la_applies(node, g):
-    _, _, H, K = g.types[node.inputs[0]].shape
-    V = g.types[node.inputs[2]].shape[3]
+    x = named_inputs(node)
+    _, _, H, K = g.types[x["q"]].shape
+    V = g.types[x["v"]].shape[3]
     if not _static(H, K, V):
         return False, "LinearAttention needs static head count and sizes"
-    if not _f32(g, node):
-        return False, "f32 only"
     return True, ""
 
 
 @mapping("com.microsoft::LinearAttention", *_RULES, supports=_la_applies)
-def _la_emit(lx, node):
-    """update_rule by op; linear attention's z rides as a ones column of the state."""
-    ins, outs = _io(lx, node)
-    _, _, H, K = lx.type(node.inputs[0]).shape
-    V = lx.type(node.inputs[2]).shape[3]
-    x = lx.named(node)  # by the spec's input names: q k v [g] beta state, or q k v state z
-    q, k, v = x["q"], x["k"], x["v"]
+def _la_emit(lx, node, q, k, v, state, g=None, beta=None, z=None):
+    """update_rule by op; linear attention's z rides as a ones column of the state.
+    The delta family's inputs: q k v [g] beta state, or q k v state z (linear attention)."""
+    outs = lx.outs(node)
+    _, _, H, K = lx.type(q).shape
+    V = lx.type(v).shape[3]
+    q, k, v, state = lx.x(q), lx.x(k), lx.x(v), lx.x(state)
     if node.op == "linear_attention":
-        _linear_attention_z(lx, q, k, v, x["state"], x["z"], H, K, V, float(lx.attrs(node)["scale"]), outs)
+        _linear_attention_z(lx, q, k, v, state, lx.x(z), H, K, V, float(lx.attrs(node)["scale"]), outs)
         return
-    decay, beta, state = x.get("g"), x["beta"], x["state"]
+    decay, beta = (lx.x(g) if g is not None else None), lx.x(beta)
     linear_attention(lx, q, k, v, decay, beta, state, H, K, V, _RULES[node.op], float(lx.attrs(node)["scale"]),
                      outs[0], outs[1], per_channel=node.op == "kda")
 
@@ -111,17 +107,13 @@ def _linear_attention_z(lx, q, k, v, state, z, H: int, K: int, V: int, scale: fl
 
 # ---- short_conv -> com.microsoft::CausalConvWithState --------------------------------------
 
-def _f32_only(node, g):
-    return (True, "") if _f32(g, node) else (False, "f32 only")
-
-
-@mapping("com.microsoft::CausalConvWithState / ai.onnx::Conv", "short_conv", supports=_f32_only)
-def _conv_emit(lx, node):
+@mapping("com.microsoft::CausalConvWithState / ai.onnx::Conv", "short_conv", supports=None)
+def _conv_emit(lx, node, x, w, state):
     """channels_last=1, the state transposed in and out; group = C for many tokens."""
-    if lx.type(node.inputs[0]).shape[1] != 1:
-        return _depthwise_emit(lx, node)
+    if lx.type(x).shape[1] != 1:
+        return _depthwise_emit(lx, node, x, w, state)
     b = lx.b
-    (x, w, state), (y, state_out) = _io(lx, node)
+    (y, state_out), x, w, state = lx.outs(node), lx.x(x), lx.x(w), lx.x(state)
     weight = b.unsqueeze(w, 1)  # [C, 1, W]: constant-folded when w is (a view of) a weight
     past = b.Transpose(state, perm=[0, 2, 1])  # channels-last state [B, W-1, C]
     act = lx.attrs(node)["activation"]
@@ -130,13 +122,13 @@ def _conv_emit(lx, node):
     b.Transpose(present, outputs=[state_out], perm=[0, 2, 1])
 
 
-def _depthwise_emit(lx, node):
+def _depthwise_emit(lx, node, x, w, state):
     """Many tokens: the standard depthwise Conv (group = C) over [state ++ x] channels-first,
     the portable body's form (functions/conv.py) inline with the weight's static C.
     onnxruntime's CausalConvWithState CPU kernel is about 4x slower than this at T = 1024
     (k3-small's widths); it keeps the one-token steps of decode, where it is the fastest."""
-    (x, w, state), (y, state_out) = _io(lx, node)
-    C = int(lx.type(node.inputs[1]).shape[0])
+    C = int(lx.type(w).shape[0])
+    (y, state_out), x, w, state = lx.outs(node), lx.x(x), lx.x(w), lx.x(state)
     out, tail = short_conv(lx.b, x, w, state, C, silu=lx.attrs(node)["activation"] == "silu")
     lx.b.Identity(out, outputs=[y])
     lx.b.Identity(tail, outputs=[state_out])
@@ -145,17 +137,17 @@ def _depthwise_emit(lx, node):
 # ---- rms_norm -> RMSNormalization ----------------------------------------------------------
 
 def _rms_applies(node, g):
-    if g.types[node.inputs[0]].dtype not in ("f32", "f16", "bf16", "f64"):
+    if g.types[named_inputs(node)["x"]].dtype not in FLOATS:
         return False, "float inputs only"
     return True, ""
 
 
-@mapping("ai.onnx::RMSNormalization", "rms_norm", supports=_rms_applies)
-def _rms_emit(lx, node):
+@mapping("ai.onnx::RMSNormalization", "rms_norm", supports=_rms_applies, floats=None)
+def _rms_emit(lx, node, x, w):
     """stash_type=1 (fp32)."""
-    ins, (y,) = _io(lx, node)
-    scale = ins[1] if len(ins) > 1 else ones_like_last(lx, node.inputs[0])
-    lx.b.op("RMSNormalization", [ins[0], scale], [y], axis=-1, epsilon=float(lx.attrs(node)["eps"]), stash_type=1)
+    xx = lx.x(x)
+    scale = lx.x(w) if w is not None else ones_like_last(lx, x)
+    lx.b.op("RMSNormalization", [xx, scale], lx.outs(node), axis=-1, epsilon=float(lx.attrs(node)["eps"]), stash_type=1)
 
 
 # ---- attention -> Attention (opset 23) -----------------------------------------------------
@@ -175,11 +167,10 @@ def _mask(lx, T, S, q: str, k: str, seq_axis: int) -> tuple[str | None, int]:
 
 
 def _attn_applies(node, g):
-    q, k, v = (g.types[i] for i in node.inputs[:3])
+    x = named_inputs(node)
+    q, k, v = (g.types[x[n]] for n in "qkv")
     if not _static(q.shape[2], q.shape[3], k.shape[2], v.shape[3]):
         return False, "Attention needs static head count and sizes"
-    if not _f32(g, node):
-        return False, "f32 only"
     return True, ""
 
 
@@ -192,10 +183,10 @@ def _attention(lx, q: str, k: str, v: str, T, S, H: int, Dv: int, scale: float, 
 
 
 @mapping("ai.onnx::Attention", "causal_attention", supports=_attn_applies)
-def _causal_emit(lx, node):
+def _causal_emit(lx, node, q, k, v):
     """3-D packed heads."""
-    (q, k, v), (o,) = _io(lx, node)
-    qt, kt, vt = (lx.type(i) for i in node.inputs)
+    qt, kt, vt = lx.type(q), lx.type(k), lx.type(v)
+    (o,), q, k, v = lx.outs(node), lx.x(q), lx.x(k), lx.x(v)
     _, T, H, Dq = qt.shape
     S, Dv = kt.shape[1], vt.shape[3]
     b = lx.b
@@ -204,19 +195,18 @@ def _causal_emit(lx, node):
 
 
 def _mla_applies(node, g):
-    q, ckv, krope = (g.types[i] for i in node.inputs[:3])
+    x = named_inputs(node)
+    q, ckv, krope = (g.types[x[n]] for n in ("q", "ckv", "krope"))
     if not _static(q.shape[2], q.shape[3], krope.shape[2], ckv.shape[2]):
         return False, "Attention needs static head count and sizes"
-    if not _f32(g, node):
-        return False, "f32 only"
     return True, ""
 
 
 @mapping("ai.onnx::Attention", "mla_attention", supports=_mla_applies)
-def _mla_emit(lx, node):
+def _mla_emit(lx, node, q, ckv, krope, w_kv_b):
     """Keys and values up-projected first."""
-    (q, ckv, krope, w), (o,) = _io(lx, node)
-    qt, ct = lx.type(node.inputs[0]), lx.type(node.inputs[1])
+    qt, ct = lx.type(q), lx.type(ckv)
+    (o,), q, ckv, krope, w = lx.outs(node), lx.x(q), lx.x(ckv), lx.x(krope), lx.x(w_kv_b)
     _, T, H, Dq = qt.shape
     Dv = int(lx.attrs(node)["v_head_dim"])
     b = lx.b
@@ -226,10 +216,10 @@ def _mla_emit(lx, node):
 
 
 @mapping("ai.onnx::Attention", "mla_attention_absorbed", supports=_mla_applies)
-def _absorbed_emit(lx, node):
+def _absorbed_emit(lx, node, q, ckv, krope, w_uk, w_uv):
     """One KV head (MQA), 4-D."""
-    (q, ckv, krope, w_uk, w_uv), (o,) = _io(lx, node)
-    T, S = lx.type(node.inputs[0]).shape[1], lx.type(node.inputs[1]).shape[1]
+    T, S = lx.type(q).shape[1], lx.type(ckv).shape[1]
+    (o,), q, ckv, krope, w_uk, w_uv = lx.outs(node), lx.x(q), lx.x(ckv), lx.x(krope), lx.x(w_uk), lx.x(w_uv)
     b = lx.b
     q_abs = absorbed_query(b, q, krope, w_uk)  # [B, H, T, Dc + Dr]
     k_abs = b.unsqueeze(b.Concat(ckv, krope, axis=-1), 1)  # [B, 1, S, Dc + Dr]: one KV head
@@ -245,13 +235,12 @@ def _absorbed_emit(lx, node):
 def _moe_applies(node, g):
     if node.attrs.get("act") != "silu":
         return False, "onnxruntime's MoE has no SiTU activation"
-    h, w13, w2 = (g.types[i] for i in node.inputs[:3])
-    if node.inputs[1] not in g.weights or node.inputs[2] not in g.weights:
+    x = named_inputs(node)
+    h, w13, w2 = (g.types[x[n]] for n in ("h", "w13", "w2"))
+    if x["w13"] not in g.weights or x["w2"] not in g.weights:
         return False, "MoE needs the expert weights as initializers (they are re-laid out)"
     if not D.equal(w2.shape[1], h.shape[1]):
         return False, "MoE's output width must equal its input width"
-    if not _f32(g, node):
-        return False, "f32 only"
     return True, ""
 
 
@@ -261,15 +250,14 @@ def _interleave(w13: torch.Tensor) -> torch.Tensor:
     return torch.stack([w13[:, : I2 // 2], w13[:, I2 // 2:]], 2).reshape(E, I2, Dm)
 
 
-def _moe_emit(lx, node):
+def _moe_emit(lx, node, h, w13, w2, idx, w):
     """y = s * MoE(h, log(w) at the routed experts): ORT's MoE takes a softmax of router logits
     over the top k, which gives w / s with s = sum_j w_j; scaling by s restores w exactly.
     w < 0 cannot be a logit: such inputs take the function body (an If on min(w) >= 0)."""
-    (h, w13, w2, idx, w), (y,) = _io(lx, node)
+    k, E = lx.type(idx).shape[1], lx.type(w13).shape[0]
+    (y,), h, w13_name, w13, w2, idx, w = lx.outs(node), lx.x(h), w13, lx.x(w13), lx.x(w2), lx.x(idx), lx.x(w)
     b = lx.b
-    k = lx.type(node.inputs[3]).shape[1]
-    E = lx.type(node.inputs[1]).shape[0]
-    fc1 = lx.weight_as(node.inputs[1], "swiglu", _interleave)
+    fc1 = lx.weight_as(w13_name, "swiglu", _interleave)
     s = b.ReduceSum(w, b.ints([-1]), keepdims=1)  # [N, 1]
 
     mo = Builder("moe_ort")
@@ -293,17 +281,16 @@ MAX_UNROLLED_EXPERTS = 256
 
 
 def _unrolled_applies(node, g):
-    if node.inputs[1] not in g.weights or node.inputs[2] not in g.weights:
+    x = named_inputs(node)
+    if x["w13"] not in g.weights or x["w2"] not in g.weights:
         return False, "the per-expert form needs the expert weights as initializers"
-    if int(g.types[node.inputs[1]].shape[0]) > MAX_UNROLLED_EXPERTS:
+    if int(g.types[x["w13"]].shape[0]) > MAX_UNROLLED_EXPERTS:
         return False, f"more than {MAX_UNROLLED_EXPERTS} experts: the unrolled graph would be too large"
-    N = g.types[node.inputs[0]].shape[0]
-    E, k = g.types[node.inputs[1]].shape[0], g.types[node.inputs[3]].shape[1]
-    few = int(N) * int(k) <= int(E) if D.is_static(N) else D.symbols_of(N) <= {"B"}  # N = B: a decode step
+    N = g.types[x["h"]].shape[0]
+    E, k = g.types[x["w13"]].shape[0], g.types[x["idx"]].shape[1]
+    few = int(N) * int(k) <= int(E) if D.is_static(N) else D.decode_step(g, x["h"], axis=0)
     if few:
         return False, "few tokens (a decode step) keep the body, whose gathered form reads only the routed experts"
-    if not _f32(g, node):
-        return False, "f32 only"
     return True, ""
 
 
@@ -325,14 +312,13 @@ def _unrolled_body(b: Builder, h: str, w13: str, w2: str, idx: str, w: str, E: i
     b.ReduceSum(b.Reshape(per_slot, b.Concat(b.ints([-1, k]), D_out, axis=0)), b.ints([1]), keepdims=0, outputs=[y])
 
 
-def _unrolled_emit(lx, node):
+def _unrolled_emit(lx, node, h, w13, w2, idx, w):
     """Many tokens (a prefill): routed experts as one Gemm per expert over the slots sorted by
     expert. No Loop, no padding, no per-expert copy of a weight or of the result; the weights
     are read only through the folded per-expert constants, so onnxruntime keeps one copy."""
-    (h, w13, w2, idx, w), (y,) = _io(lx, node)
+    E, k = int(lx.type(w13).shape[0]), int(lx.type(idx).shape[1])
+    (y,), h, w13, w2, idx, w = lx.outs(node), lx.x(h), lx.x(w13), lx.x(w2), lx.x(idx), lx.x(w)
     b = lx.b
-    E = int(lx.type(node.inputs[1]).shape[0])
-    k = int(lx.type(node.inputs[3]).shape[1])
     a = lx.attrs(node)
     act = a["act"]
     beta = linear_beta = None
@@ -349,10 +335,8 @@ def _experts_applies(node, g):
 
 
 @mapping("com.microsoft::MoE / ai.onnx::Gemm", "moe_experts", supports=_experts_applies)
-def _experts_emit(lx, node):
+def _experts_emit(lx, node, h, w13, w2, idx, w):
     """SiLU experts: router logits log(w), the output rescaled by sum(w); SiTU experts: the
     slots sorted by expert, one Gemm per expert."""
-    if _moe_applies(node, lx.graph)[0]:
-        _moe_emit(lx, node)
-    else:
-        _unrolled_emit(lx, node)
+    emit = _moe_emit if _moe_applies(node, lx.graph)[0] else _unrolled_emit
+    emit(lx, node, h, w13, w2, idx, w)

@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import torch
 
-from ...ir import Graph, Node
+from ...ir import Graph, Node, named_inputs
 from ...ir import dims as D
 from ...kernels.mxfp4.naive import E8M0_NAN, GROUP_SIZE, e2m1_table, unpack_codes
 from .builder import MS_DOMAIN, Builder, subgraph
@@ -96,13 +96,17 @@ def nbits8(packed: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, tor
     return q.reshape(N, K // GROUP_SIZE, GROUP_SIZE), half_scales(scale)
 
 
+_PACKED = ("w13_packed", "w13_scale", "w2_packed", "w2_scale")
+
+
 def _static(*dims) -> bool:
     return all(D.is_static(d) for d in dims)
 
 
 def _applies(node: Node, g: Graph) -> tuple[bool, str]:
-    h, p13, _, p2, _ = (g.types[i] for i in node.inputs[:5])
-    if any(i not in g.weights for i in node.inputs[1:5]):
+    x = named_inputs(node)
+    h, p13, p2 = (g.types[x[n]] for n in ("h", "w13_packed", "w2_packed"))
+    if any(x[n] not in g.weights for n in _PACKED):
         return False, "MatMulNBits needs the packed experts as initializers (they are re-encoded)"
     if not _static(*p13.shape, *p2.shape):
         return False, "MatMulNBits needs static expert shapes"
@@ -162,10 +166,11 @@ def _gathered(lx, b: Builder, x: str, slots: str, k: int, packed: str, scale: st
     return b.MatMul(x, b.Reshape(wt, b.ints([-1, k, 2 * half, N_out])))
 
 
-def _gathered_form(lx, b: Builder, node, h: str, idx: str, w: str, act_args) -> str:
-    """Few slots: only the routed experts' weights are read, as int8 blocks -> [N, D_out]."""
-    p13, s13, p2, s2 = node.inputs[1:5]
-    k, D = int(lx.type(node.inputs[5]).shape[1]), int(lx.type(node.inputs[0]).shape[1])
+def _gathered_form(lx, b: Builder, x: dict, h: str, idx: str, w: str, act_args) -> str:
+    """Few slots: only the routed experts' weights are read, as int8 blocks -> [N, D_out].
+    `x`: the node's inputs by name (IR values); h, idx, w their ONNX names."""
+    p13, s13, p2, s2 = (x[n] for n in _PACKED)
+    k, D = int(lx.type(x["idx"]).shape[1]), int(lx.type(x["h"]).shape[1])
     slots = b.Reshape(idx, b.ints([-1]))
     gu = _gathered(lx, b, b.Reshape(h, b.ints([-1, 1, 1, D])), slots, k, p13, s13)  # [N, k, 1, 2I]
     out = _gathered(lx, b, activation(b, gu, *act_args), slots, k, p2, s2)  # [N, k, 1, D_out]
@@ -174,10 +179,10 @@ def _gathered_form(lx, b: Builder, node, h: str, idx: str, w: str, act_args) -> 
     return b.ReduceSum(weighted, b.ints([1]), keepdims=0)
 
 
-def _sorted_form(lx, b: Builder, node, h: str, idx: str, w: str, act_args) -> str:
+def _sorted_form(lx, b: Builder, x: dict, h: str, idx: str, w: str, act_args) -> str:
     """The slots sorted by expert through one MatMulNBits per expert and projection -> [N, D_out]."""
-    p13, s13, p2, s2 = node.inputs[1:5]  # the packed weights: re-encoded, never initializers themselves
-    E, k = int(lx.type(p13).shape[0]), int(lx.type(node.inputs[5]).shape[1])
+    p13, s13, p2, s2 = (x[n] for n in _PACKED)  # the packed weights: re-encoded, never initializers themselves
+    E, k = int(lx.type(p13).shape[0]), int(lx.type(x["idx"]).shape[1])
     counts, dest, perm = sorted_slots(b, idx, E)
     rows = b.Gather(h, b.Div(perm, b.const(k, "i64")), axis=0)  # [N k, D]: each slot's token
     gu = _per_expert(lx, b, rows, counts, p13, s13)  # [N k, 2I] in expert order
@@ -187,10 +192,11 @@ def _sorted_form(lx, b: Builder, node, h: str, idx: str, w: str, act_args) -> st
     return b.ReduceSum(b.Reshape(per_slot, b.ints([-1, k, D_out])), b.ints([1]), keepdims=0)
 
 
-def _few_tokens(lx, node) -> bool:
-    """A decode step: N tokens with N k <= E, or N the batch (ort.py's rule for SiTU experts)."""
-    N, E, k = lx.type(node.inputs[0]).shape[0], lx.type(node.inputs[1]).shape[0], lx.type(node.inputs[5]).shape[1]
-    return int(N) * int(k) <= int(E) if D.is_static(N) else D.symbols_of(N) <= {"B"}
+def _few_tokens(lx, x: dict) -> bool:
+    """A decode step: N tokens with N k <= E, or (N symbolic) the entry's fact, k3c.ir.decode_step
+    (ort.py's rule for SiTU experts)."""
+    N, E, k = lx.type(x["h"]).shape[0], lx.type(x["w13_packed"]).shape[0], lx.type(x["idx"]).shape[1]
+    return int(N) * int(k) <= int(E) if D.is_static(N) else D.decode_step(lx.graph, x["h"], axis=0)
 
 
 def _branch(name: str, build) -> object:
@@ -199,14 +205,14 @@ def _branch(name: str, build) -> object:
 
 
 @mapping("com.microsoft::MatMulNBits / ai.onnx::DequantizeLinear", "moe_experts_mxfp4", supports=_applies)
-def _experts_emit(lx, node):
+def _experts_emit(lx, node, **x):
     """Many tokens: the slots sorted by expert through MatMulNBits(w13), the activation once
     over all of them, MatMulNBits(w2): per expert only its two MatMulNBits. A decode step:
     an If on the slot count N k, the gathered int8 form while N k <= E / 2, else the sorted one."""
-    h, idx, w = (lx.x(node.inputs[i]) for i in (0, 5, 6))
+    h, idx, w = (lx.x(x[n]) for n in ("h", "idx", "w"))
     y = lx.out(node, 0)
     b = lx.b
-    E = int(lx.type(node.inputs[1]).shape[0])
+    E = int(lx.type(x["w13_packed"]).shape[0])
     a = lx.attrs(node)
     beta = linear_beta = None
     if a["act"] != "silu":
@@ -214,12 +220,12 @@ def _experts_emit(lx, node):
         linear_beta = b.param(float(a["linear_beta"])) if a["linear_beta"] is not None else None
     act_args = (a["act"], beta, linear_beta)
     b.domains.add(MS_DOMAIN)
-    if not _few_tokens(lx, node):
-        b.Identity(_sorted_form(lx, b, node, h, idx, w, act_args), outputs=[y])
+    if not _few_tokens(lx, x):
+        b.Identity(_sorted_form(lx, b, x, h, idx, w, act_args), outputs=[y])
         return
     # why E / 2: k3-small at P = 1024 (E = 32), side by side: B = 1 (4 slots)
     # 23.0 ms a step gathered, 37.9 sorted; B = 8 (32 slots) 110 and 88 ms. Per slot the
     # gathered form costs about 3.1 ms more and the sorted 1.8: they cross near 16 slots.
     few = b.squeeze(b.Not(b.Greater(b.ReduceProd(b.Shape(idx), keepdims=1), b.ints([E // 2]))), 0)
-    b.op("If", [few], [y], then_branch=_branch("gathered", lambda s: _gathered_form(lx, s, node, h, idx, w, act_args)),
-         else_branch=_branch("sorted", lambda s: _sorted_form(lx, s, node, h, idx, w, act_args)))
+    b.op("If", [few], [y], then_branch=_branch("gathered", lambda s: _gathered_form(lx, s, x, h, idx, w, act_args)),
+         else_branch=_branch("sorted", lambda s: _sorted_form(lx, s, x, h, idx, w, act_args)))

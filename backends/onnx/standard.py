@@ -3,7 +3,8 @@ norms, indexing. Each emits standard ONNX ops (opset 23) for one IR node and reg
 the `onnx` table of k3c.backends.tables (cell "std" of the support matrix):
 
     @lowers("neg")
-    def _neg(lx, node): ...        lx: the Lowering of the graph (lower.py)
+    def _neg(lx, node, x): ...     lx: the Lowering of the graph (lower.py); the inputs
+                                   arrive as keywords named by the op's spec (IR values)
 
 Attributes holding symbolic dims (reshape shapes, slice bounds, arange ends) become int64
 tensors computed at run time from the input shapes (`lx.b.shape`, `lx.b.dim`).
@@ -33,14 +34,9 @@ def lowers(*ops: str, supports=None):
     return builtin("onnx", *ops, kind="std", supports=supports)
 
 
-def _io(lx, node: Node):
-    return [lx.x(i) for i in node.inputs], [lx.out(node, i) for i in range(len(node.outputs))]
-
-
 def _simple(onnx_op: str, **fixed):
-    def lower(lx, node: Node):
-        ins, outs = _io(lx, node)
-        lx.b.op(onnx_op, ins, outs, **fixed)
+    def lower(lx, node: Node, **inputs):  # one ONNX op over the inputs in the spec's order
+        lx.b.op(onnx_op, [lx.x(v) for v in inputs.values()], lx.outs(node), **fixed)
     return lower
 
 
@@ -53,28 +49,25 @@ for _ir, _onnx in {"neg": "Neg", "exp": "Exp", "log": "Log", "sqrt": "Sqrt", "ab
 
 
 @lowers("rsqrt")
-def _rsqrt(lx, node):
-    (x,), (y,) = _io(lx, node)
-    lx.b.Reciprocal(lx.b.Sqrt(x), outputs=[y])
+def _rsqrt(lx, node, x):
+    lx.b.Reciprocal(lx.b.Sqrt(lx.x(x)), outputs=lx.outs(node))
 
 
 @lowers("sigmoid")
-def _sigmoid(lx, node):  # onnxruntime's Sigmoid loses the relative accuracy of negative inputs
-    (x,), (y,) = _io(lx, node)
-    stable.sigmoid(lx.b, x, lx.type(node.inputs[0]).dtype, outputs=[y])
+def _sigmoid(lx, node, x):  # onnxruntime's Sigmoid loses the relative accuracy of negative inputs
+    stable.sigmoid(lx.b, lx.x(x), lx.type(x).dtype, outputs=lx.outs(node))
 
 
 @lowers("silu")
-def _silu(lx, node):
-    (x,), (y,) = _io(lx, node)
-    lx.b.Mul(x, stable.sigmoid(lx.b, x, lx.type(node.inputs[0]).dtype), outputs=[y])
+def _silu(lx, node, x):
+    lx.b.Mul(lx.x(x), stable.sigmoid(lx.b, lx.x(x), lx.type(x).dtype), outputs=lx.outs(node))
 
 
 @lowers("softplus")
-def _softplus(lx, node):
+def _softplus(lx, node, x):
     """torch's softplus: x where beta x > threshold, else log(1 + exp(beta x)) / beta."""
-    (x,), (y,) = _io(lx, node)
-    b, dt = lx.b, lx.type(node.inputs[0]).dtype
+    (y,), b, dt = lx.outs(node), lx.b, lx.type(x).dtype
+    x = lx.x(x)
     a = lx.attrs(node)
     beta, threshold = a["beta"], a["threshold"]
     bx = b.Mul(x, b.const(beta, dt))
@@ -83,33 +76,30 @@ def _softplus(lx, node):
 
 
 @lowers("elu")
-def _elu(lx, node):
-    (x,), (y,) = _io(lx, node)
-    lx.b.Elu(x, outputs=[y], alpha=float(lx.attrs(node)["alpha"]))
+def _elu(lx, node, x):
+    lx.b.Elu(lx.x(x), outputs=lx.outs(node), alpha=float(lx.attrs(node)["alpha"]))
 
 
 @lowers("gelu")
-def _gelu(lx, node):
-    (x,), (y,) = _io(lx, node)
-    lx.b.Gelu(x, outputs=[y], approximate=lx.attrs(node)["approximate"])
+def _gelu(lx, node, x):
+    lx.b.Gelu(lx.x(x), outputs=lx.outs(node), approximate=lx.attrs(node)["approximate"])
 
 
 @lowers("const", supports=_no_bf16_constant)
 def _const(lx, node):
-    _, (y,) = _io(lx, node)
+    (y,) = lx.outs(node)
     dt = node.attrs["dtype"]
     lx.b.Identity(lx.b.const(node.attrs["value"], dt), outputs=[y])
 
 
 @lowers("cast")
-def _cast(lx, node):
-    (x,), (y,) = _io(lx, node)
-    lx.b.Cast(x, outputs=[y], to=ONNX_TYPES[node.attrs["dtype"]])
+def _cast(lx, node, x):
+    lx.b.Cast(lx.x(x), outputs=lx.outs(node), to=ONNX_TYPES[node.attrs["dtype"]])
 
 
 @lowers("full", supports=_no_bf16_constant)
 def _full(lx, node):
-    _, (y,) = _io(lx, node)
+    (y,) = lx.outs(node)
     dt = node.attrs["dtype"]
     value = onnx.numpy_helper.from_array(np.array([node.attrs["value"]], dtype=NUMPY_TYPES[dt]), "value")
     lx.b.ConstantOfShape(lx.b.shape(node.attrs["shape"]), outputs=[y], value=value)
@@ -117,7 +107,7 @@ def _full(lx, node):
 
 @lowers("arange")
 def _arange(lx, node):
-    _, (y,) = _io(lx, node)
+    (y,) = lx.outs(node)
     b, a = lx.b, lx.attrs(node)
     dt = a["dtype"]
     start, end = b.scalar_dim(a["start"]), b.scalar_dim(a["end"])
@@ -126,56 +116,49 @@ def _arange(lx, node):
 
 
 @lowers("reshape")
-def _reshape(lx, node):
-    (x,), (y,) = _io(lx, node)
-    lx.b.Reshape(x, lx.b.shape(node.attrs["shape"]), outputs=[y], allowzero=1)
+def _reshape(lx, node, x):
+    lx.b.Reshape(lx.x(x), lx.b.shape(node.attrs["shape"]), outputs=lx.outs(node), allowzero=1)
 
 
 @lowers("permute")
-def _permute(lx, node):
-    (x,), (y,) = _io(lx, node)
-    lx.b.Transpose(x, outputs=[y], perm=list(node.attrs["perm"]))
+def _permute(lx, node, x):
+    lx.b.Transpose(lx.x(x), outputs=lx.outs(node), perm=list(node.attrs["perm"]))
 
 
 @lowers("slice")
-def _slice(lx, node):
-    (x,), (y,) = _io(lx, node)
+def _slice(lx, node, x):
     b, a = lx.b, lx.attrs(node)
-    b.Slice(x, b.dim(a["start"]), b.dim(a["end"]), b.ints([a["dim"]]), b.ints([a["step"]]), outputs=[y])
+    b.Slice(lx.x(x), b.dim(a["start"]), b.dim(a["end"]), b.ints([a["dim"]]), b.ints([a["step"]]),
+            outputs=lx.outs(node))
 
 
 @lowers("concat")
-def _concat(lx, node):
-    ins, (y,) = _io(lx, node)
-    lx.b.op("Concat", ins, [y], axis=node.attrs["dim"])
+def _concat(lx, node, xs):
+    lx.b.op("Concat", [lx.x(v) for v in xs], lx.outs(node), axis=node.attrs["dim"])
 
 
 @lowers("stack")
-def _stack(lx, node):
-    ins, (y,) = _io(lx, node)
+def _stack(lx, node, xs):
     dim = lx.attrs(node)["dim"]
-    rank = lx.type(node.inputs[0]).rank
+    rank = lx.type(xs[0]).rank
     axis = dim % (rank + 1)
-    lx.b.op("Concat", [lx.b.unsqueeze(x, axis) for x in ins], [y], axis=axis)
+    lx.b.op("Concat", [lx.b.unsqueeze(lx.x(x), axis) for x in xs], lx.outs(node), axis=axis)
 
 
 @lowers("split")
-def _split(lx, node):
-    (x,), outs = _io(lx, node)
-    lx.b.op("Split", [x, lx.b.shape(node.attrs["sizes"])], outs, axis=node.attrs["dim"])
+def _split(lx, node, x):
+    lx.b.op("Split", [lx.x(x), lx.b.shape(node.attrs["sizes"])], lx.outs(node), axis=node.attrs["dim"])
 
 
 @lowers("expand")
-def _expand(lx, node):
-    (x,), (y,) = _io(lx, node)
-    lx.b.Expand(x, lx.b.shape(node.attrs["shape"]), outputs=[y])
+def _expand(lx, node, x):
+    lx.b.Expand(lx.x(x), lx.b.shape(node.attrs["shape"]), outputs=lx.outs(node))
 
 
 def _reduce(onnx_op: str):
-    def lower(lx, node):
-        (x,), (y,) = _io(lx, node)
+    def lower(lx, node, x):
         a = lx.attrs(node)
-        lx.b.op(onnx_op, [x, lx.b.ints(a["dims"])], [y], keepdims=int(a["keepdim"]))
+        lx.b.op(onnx_op, [lx.x(x), lx.b.ints(a["dims"])], lx.outs(node), keepdims=int(a["keepdim"]))
     return lower
 
 
@@ -185,37 +168,33 @@ lowers("reduce_max")(_reduce("ReduceMax"))
 
 
 @lowers("softmax")
-def _softmax(lx, node):
-    (x,), (y,) = _io(lx, node)
-    lx.b.Softmax(x, outputs=[y], axis=node.attrs["dim"])
+def _softmax(lx, node, x):
+    lx.b.Softmax(lx.x(x), outputs=lx.outs(node), axis=node.attrs["dim"])
 
 
 @lowers("linear")
-def _linear(lx, node):
+def _linear(lx, node, x, w, b):
     """x W^T (+ b): a weight W [out, in] is stored transposed, so this is one MatMul."""
-    x, y = lx.x(node.inputs[0]), lx.out(node, 0)
-    wt = lx.transposed(node.inputs[1])
-    if len(node.inputs) == 3:
-        lx.b.Add(lx.b.MatMul(x, wt), lx.x(node.inputs[2]), outputs=[y])
+    x, wt = lx.x(x), lx.transposed(w)
+    if b is not None:
+        lx.b.Add(lx.b.MatMul(x, wt), lx.x(b), outputs=lx.outs(node))
     else:
-        lx.b.MatMul(x, wt, outputs=[y])
+        lx.b.MatMul(x, wt, outputs=lx.outs(node))
 
 
 @lowers("embedding")
-def _embedding(lx, node):
-    (w, ids), (y,) = _io(lx, node)
-    lx.b.Gather(w, ids, outputs=[y], axis=0)
+def _embedding(lx, node, weight, ids):
+    lx.b.Gather(lx.x(weight), lx.x(ids), outputs=lx.outs(node), axis=0)
 
 
 @lowers("rms_norm")
-def rms_norm_portable(lx, node):
+def rms_norm_portable(lx, node, x, w):
     """x / sqrt(mean(x^2) + eps) * w in standard arithmetic (as torch's rms_norm)."""
-    ins, (y,) = _io(lx, node)
-    b, dt = lx.b, lx.type(node.inputs[0]).dtype
-    x = ins[0]
+    (y,), b, dt = lx.outs(node), lx.b, lx.type(x).dtype
+    x = lx.x(x)
     ms = b.ReduceMean(b.Mul(x, x), b.ints([-1]), keepdims=1)
     normed = b.Mul(x, b.Reciprocal(b.Sqrt(b.Add(ms, b.const(node.attrs["eps"], dt)))))
-    b.Mul(normed, ins[1], outputs=[y]) if len(ins) > 1 else b.Identity(normed, outputs=[y])
+    b.Mul(normed, lx.x(w), outputs=[y]) if w is not None else b.Identity(normed, outputs=[y])
 
 
 
@@ -229,32 +208,31 @@ def ones_like_last(lx, value: str) -> str:
 
 
 @lowers("layer_norm")
-def _layer_norm(lx, node):
-    ins, (y,) = _io(lx, node)
-    scale = ins[1] if len(ins) > 1 else ones_like_last(lx, node.inputs[0])
-    lx.b.op("LayerNormalization", [ins[0], scale] + ins[2:], [y], axis=-1, epsilon=float(node.attrs["eps"]))
+def _layer_norm(lx, node, x, w, b):
+    ins = [lx.x(v) for v in (x, w, b) if v is not None]
+    scale = ins[1] if w is not None else ones_like_last(lx, x)
+    bias = ins[-1:] if b is not None else []
+    lx.b.op("LayerNormalization", [ins[0], scale] + bias, lx.outs(node), axis=-1, epsilon=float(node.attrs["eps"]))
 
 
 @lowers("topk")
-def _topk(lx, node):
-    (x,), outs = _io(lx, node)
+def _topk(lx, node, x):
     a = lx.attrs(node)
-    lx.b.op("TopK", [x, lx.b.ints([a["k"]])], outs, axis=a["dim"], largest=1, sorted=1)
+    lx.b.op("TopK", [lx.x(x), lx.b.ints([a["k"]])], lx.outs(node), axis=a["dim"], largest=1, sorted=1)
 
 
 @lowers("gather")
-def _gather(lx, node):
-    (x, idx), (y,) = _io(lx, node)
-    lx.b.GatherElements(x, idx, outputs=[y], axis=node.attrs["dim"])
+def _gather(lx, node, x, idx):
+    lx.b.GatherElements(lx.x(x), lx.x(idx), outputs=lx.outs(node), axis=node.attrs["dim"])
 
 
 @lowers("mxfp4_decode")
-def _mxfp4_decode(lx, node):
+def _mxfp4_decode(lx, node, packed, scale):
     """MXFP4 in standard ops: the two codes of a byte by BitwiseAnd / BitShift (low nibble
     first), their values from the 16-entry E2M1 table, each group's scale from the 256-entry
     E8M0 table (exact powers of two, 255 NaN), both by Gather. onnxruntime's DequantizeLinear
     has no float4e2m1 kernel on the CPU, and these ops compute the same values exactly."""
-    (packed, scale), (y,) = _io(lx, node)
+    (y,), packed, scale = lx.outs(node), lx.x(packed), lx.x(scale)
     b, dt = lx.b, lx.attrs(node)["dtype"]
     lo = b.BitwiseAnd(packed, b.const(0x0F, "u8"))
     hi = b.op("BitShift", [packed, b.const(4, "u8")], 1, direction="RIGHT")

@@ -15,8 +15,8 @@ from . import (  # noqa: F401
     shape,
 )
 from .elementwise import broadcast_shapes
-from .spec import FAMILIES, OPS, REQUIRED, Attr, OpSpec, ShapeError, attr, defop, expect, family
+from .spec import FAMILIES, OPS, REQUIRED, Attr, OpSpec, ShapeError, attr, defop, expect, family, named_inputs
 from .torch_ops import torch_op, torch_ops
 
 __all__ = ["OPS", "FAMILIES", "OpSpec", "Attr", "attr", "ShapeError", "REQUIRED", "defop", "expect", "family",
-           "torch_op", "torch_ops", "broadcast_shapes"]
+           "named_inputs", "torch_op", "torch_ops", "broadcast_shapes"]

@@ -229,6 +229,26 @@ def defop(name: str, inputs: str, outputs: str = "y", *, attrs: dict | None = No
     return spec
 
 
+def named_inputs(node) -> dict[str, Any]:
+    """A node's inputs by the names of its op's spec, in the spec's order: a variadic input as
+    the list of its values, an absent optional one as None. What every backend's walker passes
+    a lowering as keywords."""
+    spec = OPS[node.op]
+    values, out = list(node.inputs), {}
+    at = 0
+    for i, name in enumerate(spec.inputs):
+        if name.endswith("*"):
+            end = len(values) - (len(spec.inputs) - i - 1)
+            out[name[:-1]] = values[at:end]
+            at = end
+        elif at < len(values):
+            out[name.rstrip("?")] = values[at]
+            at += 1
+        else:
+            out[name.rstrip("?")] = None
+    return out
+
+
 def family(name: str) -> frozenset[str]:
     """The ops declared with family `name`."""
     return frozenset(op for op, s in OPS.items() if name in s.families)

@@ -16,6 +16,7 @@ from .errors import InputError, UsageError
 from .frontend import capture
 from .ir import Graph
 from .passes.compute_dtype import LOW, POLICIES
+from .passes.state_dtype import STATE_DTYPES
 
 
 def capture_entries(model: torch.nn.Module, example_inputs: tuple, dynamic: bool = True,
@@ -160,7 +161,6 @@ def prepare(graphs: dict[str, Graph], be, passes: str | list[str] = "default",
     in a lower precision (passes/compute_dtype.py); `state_dtype` ("f32", "bf16"; None: "f32")
     the dtype the recurrent states are held in between calls (passes/state_dtype.py)."""
     from . import passes as passes_mod
-    from .passes.state_dtype import STATE_DTYPES
 
     low = any(t.dtype in LOW for g in graphs.values() for v, t in g.types.items() if v not in g.weights)
     if compute is not None and compute not in POLICIES:
@@ -235,6 +235,8 @@ def compile(model: torch.nn.Module, backend: str, example_inputs: tuple, out_dir
     from .serving import check_cache_mode, record_compute, record_serving, with_last_entry
 
     max_context = check_cache_mode(max_context, cache)
+    if state_dtype is not None and state_dtype not in STATE_DTYPES:  # before the slow capture
+        raise UsageError(f"state_dtype={state_dtype!r}: the recurrent states can be held in {', '.join(STATE_DTYPES)}")
     if not isinstance(example_inputs, tuple):
         example_inputs = (example_inputs,)
     if mesh is not None:  # one artifact per rank (k3c.distributed.runner); returns their folder

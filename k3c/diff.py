@@ -28,8 +28,8 @@ from .backends import artifact
 from .bisect import first_divergent_node, first_divergent_prefix  # noqa: F401  (public names)
 from .compiler import capture_entries, prepare, rebind_weights
 from .errors import UsageError
-from .models.precision import bf16_policy, fp32_copy, low_precision
-from .numerics import BF16_COMPUTE, Tolerance, compare, model_tolerance, rel_rms_err
+from .models.precision import BF16State, bf16_policy, fp32_copy, low_precision
+from .numerics import BF16_COMPUTE, BF16_STATE, Tolerance, compare, model_tolerance, rel_rms_err
 from .resources import check_fits
 from .yardstick import float64_copy, float64_mode
 
@@ -88,6 +88,7 @@ class DiffReport:
     stress: str | None = None
     compute: str | None = None  # "f32": the backends computed a BF16 model in float32 (see diff)
     policy: object = None  # compute="bf16": the policy against fp32 compute (k3c.precision_check.PolicyReport)
+    state_dtype: str | None = None  # "bf16": recurrent states held in BF16 between calls, eager likewise
 
     @property
     def ok(self) -> bool:
@@ -95,7 +96,8 @@ class DiffReport:
 
     def to_json(self) -> dict:
         return {"model": self.model, "shapes": self.shapes, "stress": self.stress, "compute": self.compute,
-                "ok": self.ok, "policy": self.policy.to_json() if self.policy is not None else None,
+                "state_dtype": self.state_dtype, "ok": self.ok,
+                "policy": self.policy.to_json() if self.policy is not None else None,
                 "backends": {k: asdict(v) for k, v in self.backends.items()}}
 
     def table(self, per_tensor: bool = False) -> str:
@@ -166,9 +168,13 @@ def _run_eager(model, ids, seq_len: int, decode_steps: int):
     return (logits, state), steps, st
 
 
-def _eager(model, ids, seq_len: int, decode_steps: int) -> _Eager:
-    (logits, state), steps, final = _run_eager(model, ids, seq_len, decode_steps)
+def _eager(model, ids, seq_len: int, decode_steps: int, state_dtype: str | None = None) -> _Eager:
+    """`state_dtype="bf16"`: the model and its float64 copy under the BF16 state policy
+    (models.precision.BF16State), each tensor at least at the BF16_STATE row."""
     exact = float64_copy(model)  # the yardstick of the tolerances (numerics.model_tolerance)
+    if state_dtype == "bf16":
+        model, exact = BF16State(model), BF16State(exact)
+    (logits, state), steps, final = _run_eager(model, ids, seq_len, decode_steps)
     with float64_mode():  # float64 throughout, the models' float32 casts included (k3c/yardstick.py)
         (x_logits, x_state), x_steps, x_final = _run_eager(exact, ids, seq_len, decode_steps)
     pairs = {"prefill/logits": (logits, x_logits)}
@@ -176,6 +182,9 @@ def _eager(model, ids, seq_len: int, decode_steps: int) -> _Eager:
     pairs.update({f"decode{i}/logits": ab for i, ab in enumerate(zip(steps, x_steps))})
     pairs.update({f"final/{k}": (v, x_final[k]) for k, v in final.items()})
     tol = {k: model_tolerance(a, b) for k, (a, b) in pairs.items()}
+    if state_dtype == "bf16":
+        tol = {k: Tolerance(max(t.max_abs, BF16_STATE.max_abs), max(t.rel_rms, BF16_STATE.rel_rms))
+               for k, t in tol.items()}
     noise = {k: rel_rms_err(a, b) for k, (a, b) in pairs.items()}
     return _Eager((logits, state), steps, final, tol, noise)
 
@@ -208,7 +217,8 @@ def diff(model: torch.nn.Module, backends: list[str], *, seq_len: int = 130, bat
          decode_steps: int = 8, capture_len: int = 16, passes: str | list[str] = "default", seed: int = 0,
          out_root: str | Path | None = None, bisect: bool = True, progress=None, stress: str | None = None,
          keep: bool = False, force: bool = False, captured: dict | None = None,
-         timing: bool = True, compute: str | None = None, greedy_tokens: int = 128) -> DiffReport:
+         timing: bool = True, compute: str | None = None, greedy_tokens: int = 128,
+         state_dtype: str | None = None) -> DiffReport:
     """Compare each backend with eager `model` on prefill(seq_len) and `decode_steps` decode steps.
 
     `stress` runs it at the weights of a k3c.stress edit. Without `out_root` the artifacts go
@@ -225,13 +235,21 @@ def diff(model: torch.nn.Module, backends: list[str], *, seq_len: int = 130, bat
     and returns its routing; it is compared at the BF16_COMPUTE row with the eager policy
     (models.precision.bf16_policy) run on that routing, and each routing decision it took that
     the eager policy did not must be a near tie there. `report.policy` measures the policy
-    against fp32 compute (k3c.precision_check), with `greedy_tokens` of greedy generation."""
+    against fp32 compute (k3c.precision_check), with `greedy_tokens` of greedy generation.
+
+    `state_dtype` "bf16": every backend holds the recurrent states in BF16 between calls
+    (k3c.compile's state_dtype=) and is compared with the eager model under the same policy
+    (models.precision.BF16State) at the BF16_STATE row or the measured noise, whichever is more."""
     if not backends:
         raise UsageError("no backend to compare")
     if decode_steps < 0 or seq_len < 1 or batch < 1:
         raise UsageError(f"seq_len {seq_len}, batch {batch} must be >= 1 and decode_steps {decode_steps} >= 0")
     say = progress or (lambda msg: None)
     name = getattr(model, "name", type(model).__name__)
+    if state_dtype not in (None, "f32", "bf16"):
+        raise UsageError(f"--state-dtype {state_dtype}: the recurrent states can be held in f32 or bf16")
+    if state_dtype == "bf16" and compute == "bf16":
+        raise UsageError("--state-dtype bf16 with --compute bf16: diff checks one precision policy at a time")
     if compute == "bf16" and not low_precision(model):  # before the slow capture
         raise UsageError(f"--compute bf16 rounds the GEMM operands a model holds in BF16, and {name} holds "
                          "none: build it in its release precision (--dtype bf16)")
@@ -259,7 +277,7 @@ def diff(model: torch.nn.Module, backends: list[str], *, seq_len: int = 130, bat
         ref = yardstick  # the eager policy runs on each backend's routing (_policy_eager)
     else:
         yardstick = fp32_copy(model) if compute == "f32" else model
-        ref = _eager(yardstick, ids, seq_len, decode_steps)
+        ref = _eager(yardstick, ids, seq_len, decode_steps, state_dtype)
     t0 = time.perf_counter()  # the speed column compares warm runs: a second prefill
     if timing:
         model.prefill(ids[:, :seq_len])
@@ -267,14 +285,14 @@ def diff(model: torch.nn.Module, backends: list[str], *, seq_len: int = 130, bat
     temporary = out_root is None
     root = Path(tempfile.mkdtemp(prefix="k3c-diff-")) if temporary else Path(out_root)
     report = DiffReport(name, {"batch": batch, "prefill_len": seq_len, "decode_steps": decode_steps,
-                               "capture_len": capture_len}, {}, eager_s, stress, compute)
+                               "capture_len": capture_len}, {}, eager_s, stress, compute, state_dtype=state_dtype)
     report.policy = policy if compute == "bf16" else None
     try:
         for spec in backends:
             say(f"{spec}: lowering and running")
             report.backends[spec] = _diff_backend(spec, captured, passes, ids, seq_len, decode_steps, ref,
                                                   root / spec.replace(":", "-"), bisect, force, keep, timing, say,
-                                                  compute)
+                                                  compute, state_dtype)
     finally:
         if temporary and not keep:
             shutil.rmtree(root, ignore_errors=True)
@@ -284,11 +302,13 @@ def diff(model: torch.nn.Module, backends: list[str], *, seq_len: int = 130, bat
 
 
 def _diff_backend(spec: str, captured, passes, ids, seq_len: int, decode_steps: int, ref, out_dir: Path,
-                  bisect: bool, force: bool, keep: bool, timing: bool, say, compute: str | None) -> BackendDiff:
+                  bisect: bool, force: bool, keep: bool, timing: bool, say, compute: str | None,
+                  state_dtype: str | None = None) -> BackendDiff:
     d = BackendDiff(spec, artifact=str(out_dir))
     try:
         be = backend_for(spec)
-        graphs = prepare(captured, be, passes, None, compute)  # the pipeline as this backend runs it, legalized
+        # the pipeline as this backend runs it, legalized
+        graphs = prepare(captured, be, passes, None, compute, state_dtype)
         if compute == "bf16":
             from .precision_check import with_routing_outputs
 

@@ -7,8 +7,8 @@ is BF16 with F32 `A_log` and `dt_bias`. `to_release_dtypes` gives a model its fa
 policy in any floating dtype; `release_precision` says how each family was released;
 `quantize_experts` turns dense routed experts into MXFP4 ones (`kernels/mxfp4.encode`),
 `dequantize_experts` back. `bf16_policy` is the eager definition of the BF16 compute policy
-(`k3c.compile(..., compute="bf16")`), written apart from the compiler's pass so each checks
-the other.
+(`k3c.compile(..., compute="bf16")`) and `BF16State` that of the BF16 recurrent state
+(`state_dtype="bf16"`), each written apart from the compiler's pass so each checks the other.
 """
 
 from __future__ import annotations
@@ -180,6 +180,53 @@ def bf16_policy(model: nn.Module, dtype: torch.dtype = torch.float32) -> nn.Modu
     return out
 
 
+class BF16State:
+    """The BF16 recurrent-state policy in eager PyTorch (`k3c.compile(..., state_dtype="bf16")`):
+    `model`'s prefill, extend and decode, with every recurrent state entry (floating, float32
+    or wider, and of a shape that does not grow with the context: a KDA or delta-rule state,
+    the conv tails; models.validate.state_spec) rounded to BF16 when a call returns it and
+    widened to the dtype the model computes it in when the next call takes it. Caches and
+    positions pass as they are. Written from the model's own state spec, apart from the
+    compiler's pass (passes/state_dtype.py), so each checks the other. On a float64 copy of
+    the model it is the policy's exact evaluation (k3c.numerics.BF16_STATE)."""
+
+    def __init__(self, model: nn.Module):
+        from .validate import state_spec
+
+        self.model, self.config = model, model.config
+        self.name = getattr(model, "name", type(model).__name__)
+        self.widen = {k: dt for k, (_, grows, dt) in state_spec(model).items()
+                      if dt.is_floating_point and dt.itemsize >= 4 and not grows}
+
+    def __call__(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids)  # no state crosses a call
+
+    def _rounded(self, state: dict) -> dict:
+        return {k: v.to(torch.bfloat16) if k in self.widen else v for k, v in state.items()}
+
+    def _widened(self, state: dict) -> dict:
+        return {k: v.to(self.widen[k]) if k in self.widen else v for k, v in state.items()}
+
+    def prefill(self, input_ids: torch.Tensor, lengths=None, logits: str = "all", max_context: int | None = None,
+                chunk: int | None = None) -> tuple[torch.Tensor, dict]:
+        if chunk is not None and chunk < input_ids.shape[-1]:  # pieces: rounded between them too
+            from .extend import prefill_chunked
+
+            return prefill_chunked(lambda ids, n: self.prefill(ids, n, max_context=max_context),
+                                   lambda ids, st, n: self.extend(ids, st, n), input_ids, chunk, lengths, logits)
+        out, state = self.model.prefill(input_ids, lengths, logits, max_context)
+        return out, self._rounded(state)
+
+    def extend(self, input_ids: torch.Tensor, state: dict, lengths=None,
+               logits: str = "all") -> tuple[torch.Tensor, dict]:
+        out, state = self.model.extend(input_ids, self._widened(state), lengths, logits)
+        return out, self._rounded(state)
+
+    def decode(self, input_ids: torch.Tensor, state: dict) -> tuple[torch.Tensor, dict]:
+        out, state = self.model.decode(input_ids, self._widened(state))
+        return out, self._rounded(state)
+
+
 def unique_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
     """The state dict with tied tensors once (GPT-2's lm_head is its embedding)."""
     seen: set[int] = set()
@@ -201,4 +248,4 @@ def bytes_by_dtype(tensors: dict[str, torch.Tensor]) -> dict[str, int]:
 
 __all__ = ["K3_F32", "KIMI_LINEAR_F32", "f32_tensors", "release_precision", "as_dtype", "to_release_dtypes",
            "quantize_experts", "dequantize_experts", "unique_tensors", "round_bf16",
-           "bf16_gemm_inputs", "bf16_policy", "bytes_by_dtype", "moe_blocks"]
+           "bf16_gemm_inputs", "bf16_policy", "BF16State", "bytes_by_dtype", "moe_blocks"]

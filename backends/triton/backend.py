@@ -172,11 +172,13 @@ class TritonBackend:
 MXFP4_EXPERT_OPS = frozenset({"moe_gate_up_mxfp4", "moe_down_mxfp4", "moe_experts_mxfp4"})
 
 
-def expert_activations_for(value: str | None, target: str | None) -> str:
+def expert_activations_for(value: str | None, target: str | None, backend: str = "triton") -> str:
     """The MXFP4 experts' activations into tl.dot_scaled: "bf16" (the default) or "mxfp8", which
     only a target whose MMA takes block-scaled MX operands (sm_100) has a use for."""
     from .aot import TARGETS
 
+    if backend != "triton":
+        raise UsageError(f"expert activations are a triton option (the MXFP4 experts on sm_100), not {backend}'s")
     if value in (None, "bf16"):
         return "bf16"
     if value != "mxfp8":

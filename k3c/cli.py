@@ -58,6 +58,12 @@ def _precision_args(s: argparse.ArgumentParser) -> None:
                    "float32 from the stored weights) or bf16 (GEMM operands rounded to bf16, float32 accumulation)")
 
 
+def _state_dtype_arg(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--state-dtype", choices=["f32", "bf16"], help="dtype the recurrent states (KDA and "
+                   "delta-rule states, short-conv tails) are held in between calls: f32 (default) or bf16 "
+                   "(updated in float32, rounded when stored); the attention caches keep theirs")
+
+
 def _capture_for_cli(args: argparse.Namespace):
     from . import capture, models, passes
 
@@ -112,11 +118,13 @@ def _cmd_diff(args: argparse.Namespace) -> int:
         check(args.stress)
     model = _build(models, args)
     if args.mesh:
+        if args.state_dtype not in (None, "f32"):
+            raise UsageError("--mesh with --state-dtype: the per-rank artifacts hold their states in float32")
         return cli_mesh.diff_mesh(args, model, specs)
     report = diff(model, specs, seq_len=args.seq_len, batch=args.batch,
                   decode_steps=args.decode_steps, passes=args.pipeline, out_root=args.out,
                   bisect=not args.no_bisect, progress=lambda m: print(m, file=sys.stderr), stress=args.stress,
-                  keep=args.keep, force=args.force, compute=args.compute)
+                  keep=args.keep, force=args.force, compute=args.compute, state_dtype=args.state_dtype)
     if args.stress == "garbage-capacity" and not args.mesh:  # a stress of the inputs, not the weights
         return stress_capacity.run_cli(args, model, specs)
     print(report.table(per_tensor=args.verbose))
@@ -164,7 +172,7 @@ def _cmd_compile_all(args: argparse.Namespace) -> int:
     model = _build(models, args)
     report = diff(model, names, seq_len=args.seq_len or 130, decode_steps=4, passes=args.pipeline,
                   out_root=args.out, progress=lambda m: print(m, file=sys.stderr), force=args.force,
-                  compute=args.compute)
+                  compute=args.compute, state_dtype=args.state_dtype)
     rows = [("backend", "artifact", "compile s", "max_abs_err", "rel_rms_err", "ok", "warm prefill vs eager")]
     for b in report.backends.values():
         speed = f"{report.eager_prefill_seconds / b.prefill_seconds:.2f}x" if b.prefill_seconds else "-"
@@ -216,7 +224,8 @@ def _cmd_compile(args: argparse.Namespace) -> int:
         compiled = k3c_compile(model, name, example or (_example_ids(model),), out_dir=args.out, **extra,
                                passes=args.pipeline, verbose=True, force=args.force,
                                pass_options={"verify_each": args.verify, "dump_after": args.dump_after},
-                               max_context=args.max_context, cache=args.cache, compute=args.compute, **options)
+                               max_context=args.max_context, cache=args.cache, compute=args.compute,
+                               state_dtype=args.state_dtype, **options)
     except RuntimeError as e:
         from .backends.triton.aot import AotError
 
@@ -293,6 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--expert-activations", choices=["bf16", "mxfp8"], help="triton sm_100: MXFP4 experts' activations "
                    "into tl.dot_scaled: bf16 (default), mxfp8 (block-scaled MMA; 0.41 rel RMS on k3-tiny's logits)")
     _precision_args(s)
+    _state_dtype_arg(s)
     cli_module.add_args(s)
     s.set_defaults(func=_cmd_compile)
 
@@ -316,6 +326,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--mesh", help="tp=N,ep=M: compile one artifact per rank, spawn the ranks (gloo on CPU)")
     cli_mesh.add_combine(s)
     _precision_args(s)
+    _state_dtype_arg(s)
     s.set_defaults(func=_cmd_diff)
 
     cli_mesh.add_plan(sub)

@@ -50,10 +50,3 @@ def join_state(states: list[dict[str, torch.Tensor]], mesh: Mesh) -> dict[str, t
         out[name] = torch.cat(rows, 0) if len(rows) > 1 else rows[0]
     return out
 
-
-def join_rows(values: list[torch.Tensor], mesh: Mesh) -> torch.Tensor:
-    """One [B, ...] tensor from the ranks' values of their own rows (logits: whole on every rank
-    of a copy)."""
-    if mesh.dp == 1:
-        return values[0]
-    return torch.cat([values[a * mesh.tp] for a in range(mesh.dp)], 0)

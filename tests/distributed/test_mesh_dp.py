@@ -41,6 +41,16 @@ def test_partitioned_eager_matches_one_process(name, mesh):
         assert all("all_reduce" not in c.calls for c in comms)
 
 
+def test_dp_alone_on_a_model_without_experts():
+    """Gated DeltaNet on dp=2 x tp=2: each copy its row, the heads over its tp group, the
+    all-reduces within the tp group only (2 ranks each)."""
+    model = models.build("gated-deltanet-tiny").eval()
+    m, job = Mesh.parse("dp=2,tp=2"), _job(7)
+    results, comms = eager_parts(model, m, job)
+    assert compare_mesh(model, results, job, m)["ok"]
+    assert all(c.calls["all_reduce"] > 0 and set(c.calls) == {"all_reduce"} for c in comms)
+
+
 def test_mxfp4_experts():
     """Packed MXFP4 routed experts (as K3 is released) split over the copies like dense ones."""
     model = models.build("k3-tiny", experts="mxfp4", **SMALL).eval()

@@ -159,3 +159,24 @@ def test_a_compiled_bf16_model_rounds_each_gemm_operand(tmp_path):
         want, fp32 = bf16_policy(m)(x.float()), fp32_copy(m)(x.float())
     assert compare(got, want, tolerance=TOLERANCES[torch.float32]).ok, compare(got, want)
     assert not compare(got, fp32, tolerance=TOLERANCES[torch.float32]).ok
+
+
+def test_a_sapphirerapids_build_of_a_bf16_compute_linear_holds_vdpbf16ps(tmp_path):
+    """The whole build (Relax's passes after scheduling too), not only the scheduled module:
+    the library's code holds the BF16 dot; this host would refuse to load it."""
+    from k3c.backends.tvm import TvmBackend
+    from k3c.backends.tvm.build import build
+    from k3c.errors import ArtifactError
+
+    ex, _ = build(_graphs(), "llvm", mcpu="sapphirerapids")
+    mods, asm = [ex.mod], ""
+    while mods:
+        m = mods.pop()
+        mods.extend(m.imports)
+        if m.kind == "llvm":
+            asm += m.inspect_source("asm")
+    assert asm.count("vdpbf16ps") >= 16, "8 rows x 2 vectors of a tile"
+    out = TvmBackend(target="llvm -mcpu=sapphirerapids").lower(_graphs(), tmp_path)
+    if not NATIVE:
+        with pytest.raises(ArtifactError, match="avx512bf16"):
+            TvmBackend().load(out)

@@ -75,11 +75,17 @@ def _half(v, dtype: str):
                           rounded >> T.uint32(16))
 
 
+def _pair(buf, row, q, K, dtype: str):
+    """The uint32 word of BF16 pair q of row `row` of buf [rows, K]: k = 2q low, 2q + 1 high (0 past K)."""
+    hi = T.if_then_else(q * 2 + 1 < K, _half(buf[row, T.min(q * 2 + 1, K - 1)], dtype), T.uint32(0))
+    return _half(buf[row, q * 2], dtype) | (hi << T.uint32(16))
+
+
 def pack_rows(K: int, dtype: str = "float32") -> tirx.PrimFunc:
     """x [M, K] (`dtype`) -> xp [M, ceil(K / 2)] uint32: BF16 pairs along K, M dynamic."""
     Kc, K2 = T.int64(K), T.int64((K + 1) // 2)
 
-    @T.prim_func
+    @T.prim_func(s_tir=True)  # blocks: Relax's reshape analysis reads every one-input call_tir
     def pack(x_h: T.handle, xp_h: T.handle):
         T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True, "op_pattern": 8})
         M = T.int64()
@@ -87,8 +93,9 @@ def pack_rows(K: int, dtype: str = "float32") -> tirx.PrimFunc:
         xp = T.match_buffer(xp_h, (M, K2), "uint32")
         for m in T.parallel(M):
             for q in range(K2):
-                hi = T.if_then_else(q * 2 + 1 < Kc, _half(x[m, T.min(q * 2 + 1, Kc - 1)], dtype), T.uint32(0))
-                xp[m, q] = _half(x[m, q * 2], dtype) | (hi << T.uint32(16))
+                with T.sblock("pack_rows"):
+                    vm, vq = T.axis.remap("SS", [m, q])
+                    xp[vm, vq] = _pair(x, vm, vq, Kc, dtype)
 
     return pack
 
@@ -98,17 +105,17 @@ def pack_panels(N: int, K: int, c: int = PANEL, dtype: str = "bfloat16") -> tirx
     Nc, Kc, cc = T.int64(N), T.int64(K), T.int64(c)
     P, K2 = T.int64((N + c - 1) // c), T.int64((K + 1) // 2)
 
-    @T.prim_func
+    @T.prim_func(s_tir=True)
     def pack(w_h: T.handle, wp_h: T.handle):
         T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True, "op_pattern": 8})
         w = T.match_buffer(w_h, (Nc, Kc), dtype)
         wp = T.match_buffer(wp_h, (P, K2, cc), "uint32")
         for p in T.parallel(P):
             for q, j in T.grid(K2, cc):
-                n = T.min(p * cc + j, Nc - 1)
-                lo = _half(w[n, q * 2], dtype)
-                hi = T.if_then_else(q * 2 + 1 < Kc, _half(w[n, T.min(q * 2 + 1, Kc - 1)], dtype), T.uint32(0))
-                wp[p, q, j] = T.if_then_else(p * cc + j < Nc, lo | (hi << T.uint32(16)), T.uint32(0))
+                with T.sblock("pack_panels"):
+                    vp, vq, vj = T.axis.remap("SSS", [p, q, j])
+                    wp[vp, vq, vj] = T.if_then_else(vp * cc + vj < Nc,
+                                                    _pair(w, T.min(vp * cc + vj, Nc - 1), vq, Kc, dtype), T.uint32(0))
 
     return pack
 

@@ -22,7 +22,7 @@ from ..artifact import listed, verify
 from ..contract import check_limits
 from ..manifest import evaluate
 from .artifact import check_manifest
-from .inplace import aliases, run_bound
+from .inplace import aliases, as_numpy, ortvalue, run_bound
 from .providers import check_session, resolve
 
 
@@ -134,8 +134,12 @@ class OnnxRunner:
         alias = self._aliases(entry)
         if alias:  # fixed-capacity caches: written in place (inplace.py)
             return run_bound(self.session(entry), spec["inputs"], spec["outputs"], arrays, alias)
+        names = [o["name"] for o in spec["outputs"]]
+        if any(s["dtype"] == "bfloat16" for s in spec["inputs"] + spec["outputs"]):  # state_dtype="bf16"
+            feed = {s["name"]: ortvalue(a) for s, a in zip(spec["inputs"], arrays)}
+            return [as_numpy(v) for v in self.session(entry).run_with_ort_values(names, feed)]
         feed = {s["name"]: a for s, a in zip(spec["inputs"], arrays)}
-        return self.session(entry).run([o["name"] for o in spec["outputs"]], feed)
+        return self.session(entry).run(names, feed)
 
     def _aliases(self, entry: str) -> dict[str, str]:
         """The outputs of `entry` that share an input's buffer (CPU only: host memory)."""
@@ -147,6 +151,21 @@ class OnnxRunner:
         return self._alias[entry]
 
     def run(self, entry: str, *inputs: torch.Tensor) -> list[torch.Tensor]:
-        arrays = [x.detach().contiguous().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
-                  for x in inputs]
-        return [torch.from_numpy(o if o.flags.writeable else o.copy()) for o in self.run_numpy(entry, *arrays)]
+        arrays = [_to_numpy(x) if isinstance(x, torch.Tensor) else np.asarray(x) for x in inputs]
+        return [_to_torch(o if o.flags.writeable else o.copy()) for o in self.run_numpy(entry, *arrays)]
+
+
+def _to_numpy(x: torch.Tensor) -> np.ndarray:
+    """numpy has no bfloat16: a BF16 tensor becomes an ml_dtypes array over the same bits."""
+    x = x.detach().contiguous().cpu()
+    if x.dtype != torch.bfloat16:
+        return x.numpy()
+    import ml_dtypes
+
+    return x.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+
+
+def _to_torch(a: np.ndarray) -> torch.Tensor:
+    if a.dtype.name == "bfloat16":
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(a)

@@ -81,17 +81,16 @@ class TvmRunner:
         # a truncated lib.so would be mapped and crash the process (SIGBUS): it must be listed and whole
         self.manifest = verify(self.out_dir, "tvm", uses=("lib.so", "weights.safetensors"))
         self.target, self.entries = _read(self.manifest, self.out_dir / "manifest.json")
-        if self.target == "llvm":  # before the library is mapped: its kernels may use what this CPU lacks
-            check_host(Fields(self.out_dir / "manifest.json").names(self.manifest.get("cpu_features", []),
-                                                                    "cpu_features"),
-                       str(self.out_dir), self.manifest.get("target_string", ""))
+        self.cpu_features = Fields(self.out_dir / "manifest.json").names(self.manifest.get("cpu_features", []),
+                                                                         "cpu_features")
         self._vm = None
         self._params = None
         self._device = None
 
     # ---- start up ------------------------------------------------------------------
     def _start(self) -> None:
-        if self.target == "llvm":
+        if self.target == "llvm":  # before the library is mapped: its kernels may use what this CPU lacks
+            check_host(self.cpu_features, str(self.out_dir), self.manifest.get("target_string", ""))
             use_all_cpus()
         dev = tvm.cuda(0) if self.target == "cuda" else tvm.cpu(0)
         if not dev.exist:

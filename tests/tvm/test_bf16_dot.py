@@ -179,4 +179,4 @@ def test_a_sapphirerapids_build_of_a_bf16_compute_linear_holds_vdpbf16ps(tmp_pat
     out = TvmBackend(target="llvm -mcpu=sapphirerapids").lower(_graphs(), tmp_path)
     if not NATIVE:
         with pytest.raises(ArtifactError, match="avx512bf16"):
-            TvmBackend().load(out)
+            TvmBackend().load(out).run("forward", torch.zeros(2, 37))

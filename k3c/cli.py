@@ -117,6 +117,8 @@ def _cmd_diff(args: argparse.Namespace) -> int:
 
         check(args.stress)
     model = _build(models, args)
+    if args.stress == "garbage-capacity" and not args.mesh:  # a stress of the inputs, not the weights
+        return stress_capacity.run_cli(args, model, specs)
     if args.mesh:
         if args.state_dtype not in (None, "f32"):
             raise UsageError("--mesh with --state-dtype: the per-rank artifacts hold their states in float32")
@@ -125,8 +127,6 @@ def _cmd_diff(args: argparse.Namespace) -> int:
                   decode_steps=args.decode_steps, passes=args.pipeline, out_root=args.out,
                   bisect=not args.no_bisect, progress=lambda m: print(m, file=sys.stderr), stress=args.stress,
                   keep=args.keep, force=args.force, compute=args.compute, state_dtype=args.state_dtype)
-    if args.stress == "garbage-capacity" and not args.mesh:  # a stress of the inputs, not the weights
-        return stress_capacity.run_cli(args, model, specs)
     print(report.table(per_tensor=args.verbose))
     if report.policy is not None:
         print(report.policy.table())

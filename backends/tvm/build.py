@@ -28,6 +28,7 @@ from tvm import relax
 
 from ...ir import Graph
 from ...ir import dims as D
+from ..contract import id_bounds
 from ..signs import decay_inputs
 from .lower import lower_module, weight_names
 from .schedules import default_schedule
@@ -114,15 +115,6 @@ def _type_entry(name: str, t) -> dict:
     return {"name": name, "dtype": t.dtype, "shape": [D.to_str(d) for d in t.shape]}
 
 
-def _id_bounds(graph: Graph) -> dict[str, int]:
-    """Integer inputs that index an embedding table: the table size they must stay under."""
-    out = {}
-    for node in graph.nodes:
-        if node.op == "embedding" and node.inputs[1] in graph.inputs:
-            out[node.inputs[1]] = int(graph.types[node.inputs[0]].shape[0])
-    return out
-
-
 def manifest(graphs: dict[str, Graph], target: str, options: dict, seconds: float) -> dict:
     tgt = make_target(target, options.get("arch"), options.get("mcpu"))
     return {
@@ -138,7 +130,7 @@ def manifest(graphs: dict[str, Graph], target: str, options: dict, seconds: floa
                 "dims": {n: [lo, hi] for n, (lo, hi) in g.dims.items()},
                 "inputs": [_type_entry(n, g.types[n]) for n in g.inputs],
                 "outputs": [_type_entry(name, g.types[v]) for name, v in g.outputs],
-                "id_bounds": _id_bounds(g),
+                "id_bounds": id_bounds(g),
                 "nonpositive": decay_inputs(g),  # log-decays fed as inputs: the kernels assume <= 0
                 **({"dynamic": g.meta["dynamic"]} if "dynamic" in g.meta else {}),  # a module's, as captured
             }

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 from tvm import relax
 
+from ...ir import named_inputs
 from ...kernels.cache import tvm as K
 from ...kernels.cache.tvm_blocked import latent_split_blocked
-from ..tables import builtin
 from .context import LowerContext
 from .dims import static_int
-from .kernel_ops import kernel_supports
+from .kernel_ops import kernel_supports, tir
 
 R = relax.op
 
@@ -28,22 +28,24 @@ def _write_supports(node, graph) -> tuple[bool, str]:
     ok, why = kernel_supports(node, graph)
     if not ok:
         return ok, why
-    readers = [n for n in graph.nodes if node.inputs[0] in n.inputs]
-    if len(readers) != 1 or node.inputs[0] in graph.output_values:
-        return False, f"the in-place write needs %{node.inputs[0]} read by this cache_write alone"
-    if not isinstance(graph.types[node.inputs[0]].shape[1], int):
+    cache = named_inputs(node)["cache"]
+    readers = [n for n in graph.nodes if cache in n.inputs]
+    if len(readers) != 1 or cache in graph.output_values:
+        return False, f"the in-place write needs %{cache} read by this cache_write alone"
+    if not isinstance(graph.types[cache].shape[1], int):
         return False, "the in-place write needs a static capacity N"
     return True, ""
 
 
 def _cache_write(ctx: LowerContext, node, cache, new, positions):
-    shape = ctx.type_of(node.inputs[0]).shape
+    ir = ctx.ir(node)
+    shape = ctx.type_of(ir["cache"]).shape
     N = static_int(shape[1], "cache capacity")
     C = 1
     for i, d in enumerate(shape[2:]):
-        C *= static_int(d, f"dim {i + 2} of %{node.inputs[0]}")
-    B = ctx.shape(node.inputs[0])[0]
-    L = ctx.shape(node.inputs[1])[1]
+        C *= static_int(d, f"dim {i + 2} of %{ir['cache']}")
+    B = ctx.shape(ir["cache"])[0]
+    L = ctx.shape(ir["new"])[1]
     gv = ctx.kernel(("cache_write", C, N), lambda: K.cache_write(C, N), K.WRITE_SCHEDULES)
     c3 = ctx.bb.emit(R.reshape(cache, relax.ShapeExpr([B, N, C])))
     n3 = ctx.bb.emit(R.reshape(new, relax.ShapeExpr([B, L, C])))
@@ -52,13 +54,14 @@ def _cache_write(ctx: LowerContext, node, cache, new, positions):
 
 
 def _absorbed_cached(ctx: LowerContext, node, q, ckv, krope, w_uk, w_uv, positions):
-    qt, ct, rt = (ctx.type_of(v) for v in node.inputs[:3])
+    ir = ctx.ir(node)
+    qt, ct, rt = (ctx.type_of(ir[n]) for n in ("q", "ckv", "krope"))
     H, Dq = static_int(qt.shape[2], "MLA heads"), static_int(qt.shape[3], "MLA query width")
     N, Dc = static_int(ct.shape[1], "cache capacity"), static_int(ct.shape[2], "latent width")
     Dr = static_int(rt.shape[2], "rope width")
-    Dv = static_int(ctx.type_of(node.inputs[4]).shape[1], "value width")
+    Dv = static_int(ctx.type_of(ir["w_uv"]).shape[1], "value width")
     Dn, scale = Dq - Dr, ctx.attrs(node)["scale"]
-    B, L = ctx.shape(node.inputs[0])[:2]
+    B, L = ctx.shape(ir["q"])[:2]
     rows = B * L
     q_nope, q_rope = (relax.TupleGetItem(ctx.bb.emit(R.split(q, [Dn], axis=3)), i) for i in range(2))
     q_heads = R.permute_dims(R.reshape(q_nope, relax.ShapeExpr([rows, H, Dn])), [1, 0, 2])  # [H, BL, Dn]
@@ -80,5 +83,5 @@ def _absorbed_cached(ctx: LowerContext, node, q, ckv, krope, w_uk, w_uv, positio
     return R.reshape(R.permute_dims(o, [1, 0, 2]), relax.ShapeExpr([B, L, H, Dv]))
 
 
-builtin("tvm", "cache_write", kind="TIR", supports=_write_supports)(_cache_write)
-builtin("tvm", "mla_attention_absorbed_cached", kind="TIR", supports=kernel_supports)(_absorbed_cached)
+tir("cache_write", supports=_write_supports)(_cache_write)
+tir("mla_attention_absorbed_cached")(_absorbed_cached)

@@ -9,10 +9,9 @@ from tvm import relax
 
 from ...ir import Node
 from ...kernels.kda.tvm import chunk
-from ..tables import builtin
 from .context import LowerContext
 from .dims import static_int
-from .kernel_ops import kernel_supports
+from .kernel_ops import tir
 
 R = relax.op
 
@@ -59,40 +58,40 @@ def output(ctx: LowerContext, qd, aqk, vn, starts, *, H: int, K: int, V: int, C:
 
 
 def _qkv(ctx: LowerContext, node: Node):
-    H, K = (static_int(d, f"dim of %{node.inputs[0]}") for d in ctx.type_of(node.inputs[0]).shape[2:])
-    V = static_int(ctx.type_of(node.inputs[2]).shape[3], f"dim 3 of %{node.inputs[2]}")
-    B, T = ctx.shape(node.inputs[0])[:2]
+    ir = ctx.ir(node)
+    H, K = (static_int(d, f"dim of %{ir['q']}") for d in ctx.type_of(ir["q"]).shape[2:])
+    V = static_int(ctx.type_of(ir["v"]).shape[3], f"dim 3 of %{ir['v']}")
+    B, T = ctx.shape(ir["q"])[:2]
     return H, K, V, B, T
 
 
-def _chunk_prepare(ctx: LowerContext, node: Node, q, k, v, *rest):
+def _chunk_prepare(ctx: LowerContext, node: Node, q, k, v, beta, g):
     a = ctx.attrs(node)
     gate, C = a["gate"], a["chunk_size"]
     H, K, V, B, T = _qkv(ctx, node)
-    beta = rest[0] if len(rest) > 0 else None
-    g = rest[1] if len(rest) > 1 else None
     NC = ctx.shape(node.outputs[0])[2]
     return list(prepare(ctx, q, k, v, beta, g, gate=gate, C=C, H=H, K=K, V=V, B=B, T=T, NC=NC))
 
 
-def _chunk_state_scan(ctx: LowerContext, node: Node, w, u, kd, dl, state):
-    B, H, NC, C, V = ctx.type_of(node.inputs[1]).shape
-    K = ctx.type_of(node.inputs[2]).shape[4]
-    KD = ctx.type_of(node.inputs[3]).shape[3]
-    H, C, V, K, KD = (static_int(d, f"chunk dim of %{node.inputs[1]}") for d in (H, C, V, K, KD))
-    Bx, _, NCx = ctx.shape(node.inputs[1])[:3]
-    return state_scan(ctx, w, u, kd, dl, state, H=H, K=K, V=V, C=C, KD=KD, B=Bx, NC=NCx)
+def _chunk_state_scan(ctx: LowerContext, node: Node, w, u, k_decayed, decay_last, state):
+    ir = ctx.ir(node)
+    B, H, NC, C, V = ctx.type_of(ir["u"]).shape
+    K = ctx.type_of(ir["k_decayed"]).shape[4]
+    KD = ctx.type_of(ir["decay_last"]).shape[3]
+    H, C, V, K, KD = (static_int(d, f"chunk dim of %{ir['u']}") for d in (H, C, V, K, KD))
+    Bx, _, NCx = ctx.shape(ir["u"])[:3]
+    return state_scan(ctx, w, u, k_decayed, decay_last, state, H=H, K=K, V=V, C=C, KD=KD, B=Bx, NC=NCx)
 
 
-def _chunk_output(ctx: LowerContext, node: Node, qd, aqk, vn, starts):
-    a = ctx.attrs(node)
-    _, H, _, C, K = ctx.type_of(node.inputs[0]).shape
-    V = ctx.type_of(node.inputs[2]).shape[4]
-    H, C, K, V = (static_int(d, f"chunk dim of %{node.inputs[0]}") for d in (H, C, K, V))
+def _chunk_output(ctx: LowerContext, node: Node, q_decayed, aqk, v_new, start_states):
+    a, ir = ctx.attrs(node), ctx.ir(node)
+    _, H, _, C, K = ctx.type_of(ir["q_decayed"]).shape
+    V = ctx.type_of(ir["v_new"]).shape[4]
+    H, C, K, V = (static_int(d, f"chunk dim of %{ir['q_decayed']}") for d in (H, C, K, V))
     B, T = ctx.shape(node.outputs[0])[:2]
-    return output(ctx, qd, aqk, vn, starts, H=H, K=K, V=V, C=C, scale=a["scale"], B=B, T=T)
+    return output(ctx, q_decayed, aqk, v_new, start_states, H=H, K=K, V=V, C=C, scale=a["scale"], B=B, T=T)
 
 
 for _op, _fn in {"chunk_prepare": _chunk_prepare, "chunk_state_scan": _chunk_state_scan,
                  "chunk_output": _chunk_output}.items():
-    builtin("tvm", _op, kind="TIR", supports=kernel_supports)(_fn)
+    tir(_op)(_fn)

@@ -1,8 +1,9 @@
 """What a lowering rule sees: the BlockBuilder, the graph's dims as TIR variables, the target,
 and helpers to emit Relax calls and TensorIR kernels (`call_tir`).
 
-A rule is `rule(ctx, node, *args) -> relax.Expr | list[relax.Expr]`, one expression per output
-of the node, `args` the Relax values of the node's inputs in order.
+A rule is `rule(ctx, node, **inputs) -> relax.Expr | list[relax.Expr]`, one expression per
+output of the node, `inputs` the Relax values of the node's inputs as keywords named by the
+op's spec (`ctx.ir(node)` has the IR values by the same names, for their types).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from collections.abc import Callable
 import tvm
 from tvm import relax, s_tir, tirx
 
-from ...ir import OPS, Graph, Node, TensorType
+from ...ir import OPS, Graph, Node, TensorType, named_inputs
 from .dims import DimMap
 
 # IR dtype names -> TVM dtype strings
@@ -63,9 +64,9 @@ class LowerContext:
     def attrs(self, node: Node) -> dict:
         return OPS[node.op].full_attrs(node.attrs)
 
-    def named(self, node: Node, inputs) -> dict:
-        """The node's inputs by the names of its op's spec (an absent optional one is missing)."""
-        return dict(zip(OPS[node.op].tensor_inputs, inputs))
+    def ir(self, node: Node) -> dict:
+        """The node's IR input values by the names of its op's spec (None: an absent optional one)."""
+        return named_inputs(node)
 
     # ---- kernels -------------------------------------------------------------------
     def kernel(self, key: tuple, make: Callable[[], tirx.PrimFunc],

@@ -16,6 +16,7 @@ import sympy
 from tvm import relax, tirx
 
 from ...ir import dims as D
+from ...ir import named_inputs
 from ...kernels.attention.tvm import KEY_BLOCK, causal_attention
 from ...kernels.attention.tvm import SCHEDULES as ATTN_SCHEDULES
 from ...kernels.attn_res.tvm import SCHEDULES as RES_SCHEDULES
@@ -50,30 +51,28 @@ def _rows(ctx: LowerContext, value: str, keep: int = 1):
 
 # ---------------------------------------------------------------- recurrent delta rule
 
-def _delta_rule(gate: str):
-    def rule(ctx: LowerContext, node, *inputs):
-        x = ctx.named(node, inputs)  # by the spec's input names: q k v [g] beta state
-        scale = ctx.attrs(node)["scale"]
-        H, K = _static(ctx, node.inputs[0], 2, 3)
-        (V,) = _static(ctx, node.inputs[2], 3)
-        B, T = ctx.shape(node.inputs[0])[:2]
-        if gate == "none":
-            decay = R.reshape(x["beta"], relax.ShapeExpr([B, T, H, 1]))  # unread placeholder
-        else:
-            g = x["g"]
-            decay = R.exp(g if gate == "channel" else R.reshape(g, relax.ShapeExpr([B, T, H, 1])))
-        gv = ctx.kernel(("delta_recurrent", gate, H, K, V, scale),
-                        lambda: recurrent.delta_recurrent(H, K, V, gate, scale, ctx.target), recurrent.SCHEDULES)
-        return ctx.call_tir(gv, [x["q"], x["k"], x["v"], ctx.bb.emit(decay), x["beta"], x["state"]],
-                            ctx.out_types(node))
+_GATES = {"kda": "channel", "gated_delta_rule": "head", "delta_rule": "none"}  # the decay each op applies
 
-    return rule
+
+def _delta_rule(ctx: LowerContext, node, q, k, v, beta, state, g=None):  # q k v [g] beta state
+    gate = _GATES[node.op]
+    scale, ir = ctx.attrs(node)["scale"], ctx.ir(node)
+    H, K = _static(ctx, ir["q"], 2, 3)
+    (V,) = _static(ctx, ir["v"], 3)
+    B, T = ctx.shape(ir["q"])[:2]
+    if gate == "none":
+        decay = R.reshape(beta, relax.ShapeExpr([B, T, H, 1]))  # unread placeholder
+    else:
+        decay = R.exp(g if gate == "channel" else R.reshape(g, relax.ShapeExpr([B, T, H, 1])))
+    gv = ctx.kernel(("delta_recurrent", gate, H, K, V, scale),
+                    lambda: recurrent.delta_recurrent(H, K, V, gate, scale, ctx.target), recurrent.SCHEDULES)
+    return ctx.call_tir(gv, [q, k, v, ctx.bb.emit(decay), beta, state], ctx.out_types(node))
 
 
 def _linear_attention(ctx: LowerContext, node, q, k, v, state, z):
-    scale = ctx.attrs(node)["scale"]
-    H, K = _static(ctx, node.inputs[0], 2, 3)
-    (V,) = _static(ctx, node.inputs[2], 3)
+    scale, ir = ctx.attrs(node)["scale"], ctx.ir(node)
+    H, K = _static(ctx, ir["q"], 2, 3)
+    (V,) = _static(ctx, ir["v"], 3)
     gv = ctx.kernel(("linear_recurrent", H, K, V, scale),
                     lambda: linear_recurrent.linear_recurrent(H, K, V, scale, ctx.target), linear_recurrent.SCHEDULES)
     return ctx.call_tir(gv, [q, k, v, state, z], ctx.out_types(node))
@@ -81,7 +80,7 @@ def _linear_attention(ctx: LowerContext, node, q, k, v, state, z):
 
 def _short_conv(ctx: LowerContext, node, x, w, state):
     act = ctx.attrs(node)["activation"]
-    C, W = _static(ctx, node.inputs[1], 0, 1)
+    C, W = _static(ctx, ctx.ir(node)["w"], 0, 1)
     gv = ctx.kernel(("short_conv", C, W, act), lambda: short_conv(C, W, act), CONV_SCHEDULES)
     return ctx.call_tir(gv, [x, w, state], ctx.out_types(node))
 
@@ -89,12 +88,11 @@ def _short_conv(ctx: LowerContext, node, x, w, state):
 # ---------------------------------------------------------------------------- attention
 
 def attention(ctx: LowerContext, q, k, v, H: int, G: int, D_: int, Dv: int, scale: float, out_shape,
-              name: str = "causal_attention") -> relax.Expr:
+              decode: bool, name: str = "causal_attention") -> relax.Expr:
     """The causal attention kernel on q [B, L, H, D], k [B, S, G, D], v [B, S, G, Dv]
-    (the kernel takes the keys transposed and padded by a key block, [B, G, D, S + KB])."""
-    L = out_shape[1]
-    one_row = (L.value if isinstance(L, tirx.IntImm) else L) == 1  # a decode step: no row tiles
-    rows = 1 if one_row else None
+    (the kernel takes the keys transposed and padded by a key block, [B, G, D, S + KB]);
+    `decode`: the queries are a decode step's (one row each)."""
+    rows = 1 if decode else None  # a decode step: no row tiles
     gv = ctx.kernel((name, H, G, D_, Dv, scale, rows),
                     lambda: causal_attention(H, G, D_, Dv, scale, ctx.target, R=rows), ATTN_SCHEDULES)
     pad = R.zeros(relax.ShapeExpr([out_shape[0], G, D_, KEY_BLOCK]), "float32")
@@ -103,31 +101,34 @@ def attention(ctx: LowerContext, q, k, v, H: int, G: int, D_: int, Dv: int, scal
 
 
 def _causal_attention(ctx: LowerContext, node, q, k, v):
-    H, Dq = _static(ctx, node.inputs[0], 2, 3)
-    (Dv,) = _static(ctx, node.inputs[2], 3)
-    return attention(ctx, q, k, v, H, H, Dq, Dv, ctx.attrs(node)["scale"], ctx.shape(node.outputs[0]))
+    ir = ctx.ir(node)
+    H, Dq = _static(ctx, ir["q"], 2, 3)
+    (Dv,) = _static(ctx, ir["v"], 3)
+    return attention(ctx, q, k, v, H, H, Dq, Dv, ctx.attrs(node)["scale"], ctx.shape(node.outputs[0]),
+                     D.decode_step(ctx.graph, ir["q"]))
 
 
 def _mla_attention(ctx: LowerContext, node, q, ckv, krope, w_kv_b):
     """Up-project the latent cache to per-head keys and values, then attend."""
-    a = ctx.attrs(node)
-    H, Dq = _static(ctx, node.inputs[0], 2, 3)
-    (Dr,) = _static(ctx, node.inputs[2], 2)
+    a, ir = ctx.attrs(node), ctx.ir(node)
+    H, Dq = _static(ctx, ir["q"], 2, 3)
+    (Dr,) = _static(ctx, ir["krope"], 2)
     Dn, Dv = Dq - Dr, a["v_head_dim"]
-    B, S = ctx.shape(node.inputs[1])[:2]
-    wdtype = stored(ctx, node.inputs[3])
+    B, S = ctx.shape(ir["ckv"])[:2]
+    wdtype = stored(ctx, ir["w_kv_b"])
     if wdtype is not None and ctx.target == "llvm":  # the up-projection reads the BF16 weight as stored
-        (Dc,) = _static(ctx, node.inputs[1], 2)
+        (Dc,) = _static(ctx, ir["ckv"], 2)
         ckv2 = ctx.bb.emit(R.reshape(ckv, relax.ShapeExpr([B * S, Dc])))
         kv = packed_gemm(ctx, ckv2, w_kv_b, B * S, H * (Dn + Dv), Dc, decode=False, wdtype=wdtype)
     else:
-        kv = R.matmul(ckv, R.permute_dims(as_f32(ctx, node.inputs[3], w_kv_b), [1, 0]))
+        kv = R.matmul(ckv, R.permute_dims(as_f32(ctx, ir["w_kv_b"], w_kv_b), [1, 0]))
     kv = R.reshape(kv, relax.ShapeExpr([B, S, H, Dn + Dv]))
     parts = ctx.bb.emit(R.split(kv, [Dn], axis=3))
     k_rope = R.broadcast_to(R.expand_dims(krope, [2]), relax.ShapeExpr([B, S, H, Dr]))
     k = ctx.bb.emit(R.concat([relax.TupleGetItem(parts, 0), k_rope], axis=3))
     v = ctx.bb.emit(relax.TupleGetItem(parts, 1))
-    return attention(ctx, q, k, v, H, H, Dq, Dv, a["scale"], ctx.shape(node.outputs[0]))
+    return attention(ctx, q, k, v, H, H, Dq, Dv, a["scale"], ctx.shape(node.outputs[0]),
+                     D.decode_step(ctx.graph, ir["q"]))
 
 
 def mla_absorbed(ctx: LowerContext, node, q, ckv, krope, w_uk, w_uv, H: int, Dn: int, Dv: int, Dc: int, Dr: int,
@@ -136,7 +137,7 @@ def mla_absorbed(ctx: LowerContext, node, q, ckv, krope, w_uk, w_uv, H: int, Dn:
 
     w_uk [H, Dn, Dc], w_uv [H, Dv, Dc]: weight transforms only, lifted out of the call.
     """
-    B, T = ctx.shape(node.inputs[0])[:2]
+    B, T = ctx.shape(ctx.ir(node)["q"])[:2]
     rows = B * T
     q_nope, q_rope = (relax.TupleGetItem(ctx.bb.emit(R.split(q, [Dn], axis=3)), i) for i in range(2))
     q_heads = R.permute_dims(R.reshape(q_nope, relax.ShapeExpr([rows, H, Dn])), [1, 0, 2])  # [H, BT, Dn]
@@ -144,22 +145,24 @@ def mla_absorbed(ctx: LowerContext, node, q, ckv, krope, w_uk, w_uv, H: int, Dn:
     q_abs = R.concat([R.reshape(q_lat, relax.ShapeExpr([B, T, H, Dc])), q_rope], axis=3)
     k_abs = R.expand_dims(R.concat([ckv, krope], axis=2), [2])  # [B, S, 1, Dc + Dr]
     o_lat = attention(ctx, ctx.bb.emit(q_abs), ctx.bb.emit(k_abs), ctx.bb.emit(R.expand_dims(ckv, [2])),
-                      H, 1, Dc + Dr, Dc, scale, [B, T, H, Dc], name="mla_latent_attention")
+                      H, 1, Dc + Dr, Dc, scale, [B, T, H, Dc], D.decode_step(ctx.graph, ctx.ir(node)["q"]),
+                      name="mla_latent_attention")
     o_heads = R.permute_dims(R.reshape(o_lat, relax.ShapeExpr([rows, H, Dc])), [1, 0, 2])  # [H, BT, Dc]
     o = R.matmul(o_heads, R.permute_dims(w_uv, [0, 2, 1]))  # [H, BT, Dv]
     return R.reshape(R.permute_dims(o, [1, 0, 2]), relax.ShapeExpr([B, T, H, Dv]))
 
 
 def _mla_attention_absorbed(ctx: LowerContext, node, q, ckv, krope, w_uk, w_uv):
-    H, Dq = _static(ctx, node.inputs[0], 2, 3)
-    (Dr,) = _static(ctx, node.inputs[2], 2)
-    (Dc,) = _static(ctx, node.inputs[1], 2)
-    (Dv,) = _static(ctx, node.inputs[4], 1)
+    ir = ctx.ir(node)
+    H, Dq = _static(ctx, ir["q"], 2, 3)
+    (Dr,) = _static(ctx, ir["krope"], 2)
+    (Dc,) = _static(ctx, ir["ckv"], 2)
+    (Dv,) = _static(ctx, ir["w_uv"], 1)
     return mla_absorbed(ctx, node, q, ckv, krope, w_uk, w_uv, H, Dq - Dr, Dv, Dc, Dr, ctx.attrs(node)["scale"])
 
 
 def _attn_res_mix(ctx: LowerContext, node, V, w, n):
-    shape = ctx.type_of(node.inputs[0]).shape
+    shape = ctx.type_of(ctx.ir(node)["V"]).shape
     N, d = static_int(shape[0], "AttnRes candidate count"), static_int(shape[-1], "AttnRes width")
     eps = ctx.attrs(node)["eps"]
     gv = ctx.kernel(("attn_res_mix", N, d, eps), lambda: attn_res_mix(N, d, eps), RES_SCHEDULES)
@@ -172,10 +175,10 @@ def _attn_res_mix(ctx: LowerContext, node, V, w, n):
 # ----------------------------------------------------------------------------------- MoE
 
 def _moe_rows(ctx: LowerContext, tokens: str) -> int:
-    """Routed rows per tile of the expert kernels: 6 when the tokens span a sequence (prefill),
-    1 in a decode step, where an expert sees about one row and a taller tile only adds work."""
-    lead = sympy.sympify(ctx.type_of(tokens).shape[0])
-    return 6 if any(s.name == "T" for s in lead.free_symbols) else 1
+    """Routed rows per tile of the expert kernels: 1 in a decode step (k3c.ir.decode_step), where
+    an expert sees about one row and a taller tile only adds work; 6 when the tokens span a
+    sequence (prefill)."""
+    return 1 if D.decode_step(ctx.graph, tokens, axis=0) else 6
 
 
 def _panels(ctx: LowerContext, w, E: int, n_out: int, n_in: int) -> relax.Expr:
@@ -197,15 +200,17 @@ def _down(ctx: LowerContext, a, w2, idx, w, E: int, I: int, Dout: int, k: int, N
 
 
 def _moe_gate_up(ctx: LowerContext, node, h, w13, idx):
-    E, I2, D_ = _static(ctx, node.inputs[1], 0, 1, 2)
-    (k,) = _static(ctx, node.inputs[2], 1)
-    return _gate_up(ctx, h, w13, idx, E, D_, I2, k, ctx.shape(node.inputs[0])[0], _moe_rows(ctx, node.inputs[0]))
+    ir = ctx.ir(node)
+    E, I2, D_ = _static(ctx, ir["w13"], 0, 1, 2)
+    (k,) = _static(ctx, ir["idx"], 1)
+    return _gate_up(ctx, h, w13, idx, E, D_, I2, k, ctx.shape(ir["h"])[0], _moe_rows(ctx, ir["h"]))
 
 
 def _moe_down(ctx: LowerContext, node, a, w2, idx, w):
-    E, Dout, I = _static(ctx, node.inputs[1], 0, 1, 2)
-    (k,) = _static(ctx, node.inputs[2], 1)
-    return _down(ctx, a, w2, idx, w, E, I, Dout, k, ctx.shape(node.inputs[0])[0], _moe_rows(ctx, node.inputs[0]))
+    ir = ctx.ir(node)
+    E, Dout, I = _static(ctx, ir["w2"], 0, 1, 2)
+    (k,) = _static(ctx, ir["idx"], 1)
+    return _down(ctx, a, w2, idx, w, E, I, Dout, k, ctx.shape(ir["a"])[0], _moe_rows(ctx, ir["a"]))
 
 
 def _activation(ctx: LowerContext, x2, rows, I: int, act: str, beta, linear_beta) -> relax.Expr:
@@ -222,12 +227,12 @@ def _activation(ctx: LowerContext, x2, rows, I: int, act: str, beta, linear_beta
 
 
 def _moe_experts(ctx: LowerContext, node, h, w13, w2, idx, w):
-    a = ctx.attrs(node)
-    E, I2, D_ = _static(ctx, node.inputs[1], 0, 1, 2)
-    (Dout,) = _static(ctx, node.inputs[2], 1)
-    (k,) = _static(ctx, node.inputs[3], 1)
-    N = ctx.shape(node.inputs[0])[0]
-    rows = _moe_rows(ctx, node.inputs[0])
+    a, ir = ctx.attrs(node), ctx.ir(node)
+    E, I2, D_ = _static(ctx, ir["w13"], 0, 1, 2)
+    (Dout,) = _static(ctx, ir["w2"], 1)
+    (k,) = _static(ctx, ir["idx"], 1)
+    N = ctx.shape(ir["h"])[0]
+    rows = _moe_rows(ctx, ir["h"])
     gu = _gate_up(ctx, h, w13, idx, E, D_, I2, k, N, rows)
     gu2 = ctx.bb.emit(R.reshape(gu, relax.ShapeExpr([N * k, I2])))
     act = _activation(ctx, gu2, N * k, I2 // 2, a["act"], a["beta"], a["linear_beta"])
@@ -238,9 +243,9 @@ def _moe_experts(ctx: LowerContext, node, h, w13, w2, idx, w):
 # --------------------------------------------------------------------------- SiTU / MLP
 
 def _situ(ctx: LowerContext, node, gate, up):
-    a = ctx.attrs(node)
-    (I,) = _static(ctx, node.inputs[0], -1)
-    rows = _rows(ctx, node.inputs[0])
+    a, ir = ctx.attrs(node), ctx.ir(node)
+    (I,) = _static(ctx, ir["gate"], -1)
+    rows = _rows(ctx, ir["gate"])
     gv = ctx.kernel(("situ", I, a["beta"], a["linear_beta"]), lambda: situ(I, "situ", a["beta"], a["linear_beta"]))
     g2, u2 = (ctx.bb.emit(R.reshape(x, relax.ShapeExpr([rows, I]))) for x in (gate, up))
     (y,) = ctx.call_tir(gv, [g2, u2], [relax.TensorType([rows, I], "float32")])
@@ -248,21 +253,21 @@ def _situ(ctx: LowerContext, node, gate, up):
 
 
 def _gated_mlp(ctx: LowerContext, node, x, w):
-    a = ctx.attrs(node)
-    I2, D_ = _static(ctx, node.inputs[1], 0, 1)
-    rows = _rows(ctx, node.inputs[0])
+    a, ir = ctx.attrs(node), ctx.ir(node)
+    I2, D_ = _static(ctx, ir["w"], 0, 1)
+    rows = _rows(ctx, ir["x"])
     x2 = R.reshape(x, relax.ShapeExpr([rows, D_]))
     if packable(ctx, node):
-        gu = packed_gemm(ctx, ctx.bb.emit(x2), w, rows, I2, D_, decode=decode_step(ctx, node.inputs[0]),
-                         wdtype=stored(ctx, node.inputs[1]), x_value=node.inputs[0])
+        gu = packed_gemm(ctx, ctx.bb.emit(x2), w, rows, I2, D_, decode=decode_step(ctx, ir["x"]),
+                         wdtype=stored(ctx, ir["w"]), x_value=ir["x"])
     else:
-        gu = ctx.bb.emit(R.matmul(x2, R.permute_dims(as_f32(ctx, node.inputs[1], w), [1, 0])))
+        gu = ctx.bb.emit(R.matmul(x2, R.permute_dims(as_f32(ctx, ir["w"], w), [1, 0])))
     y = _activation(ctx, gu, rows, I2 // 2, a["act"], a["beta"], a["linear_beta"])
     return R.reshape(y, relax.ShapeExpr(ctx.shape(node.outputs[0])))
 
 
 _RULES = {
-    "kda": _delta_rule("channel"), "gated_delta_rule": _delta_rule("head"), "delta_rule": _delta_rule("none"),
+    **dict.fromkeys(_GATES, _delta_rule),
     "linear_attention": _linear_attention, "short_conv": _short_conv,
     "causal_attention": _causal_attention, "mla_attention": _mla_attention,
     "mla_attention_absorbed": _mla_attention_absorbed, "attn_res_mix": _attn_res_mix,
@@ -272,15 +277,21 @@ _RULES = {
 
 
 
+# The TensorIR kernels compute in float32 (the float policy of the TIR lowerings' entries).
+KERNEL_FLOATS = ("f32",)
+
+
+def tir(*ops: str, supports=None):
+    """Register the lowering of `ops` by a TensorIR kernel (cell "TIR"): float32 values only,
+    and `kernel_supports` (or `supports`) beside it."""
+    return builtin("tvm", *ops, kind="TIR", supports=supports or kernel_supports, floats=KERNEL_FLOATS)
+
+
 def kernel_supports(node, graph) -> tuple[bool, str]:
-    """When a TensorIR kernel of this module takes a node: its values in float32, a log-decay
-    that is provably <= 0 (the chunk kernels clamp exponents at 0), and routed experts over a
-    dynamic token count."""
-    for v in node.inputs + node.outputs:
-        t = graph.types[v]
-        if t.dtype in ("f64", "f16", "bf16"):
-            return False, f"the TVM kernel of {node.op} computes in f32; %{v} is {t.dtype}"
-    if node.op == "moe_experts" and isinstance(graph.types[node.inputs[0]].shape[0], int):
+    """When a TensorIR kernel of this module takes a node (its values are float32: the entry's
+    `floats`): a log-decay that is provably <= 0 (the chunk kernels clamp exponents at 0), and
+    routed experts over a dynamic token count."""
+    if node.op == "moe_experts" and isinstance(graph.types[named_inputs(node)["h"]].shape[0], int):
         # TVM 0.27's FuseTIR fails on this lowering at a static token count ("Inconsistent
         # buffers T_reshape and x mapped to the same relax var"): say so instead
         return False, ("the TVM routed-expert lowering needs a dynamic token count (a static one, as "
@@ -289,4 +300,4 @@ def kernel_supports(node, graph) -> tuple[bool, str]:
 
 
 for _op, _fn in _RULES.items():
-    builtin("tvm", _op, kind="TIR", supports=kernel_supports)(_fn)
+    tir(_op)(_fn)

@@ -19,7 +19,7 @@ import re
 import sympy
 from tvm import relax
 
-from ...ir import Graph, Node
+from ...ir import Graph, Node, named_inputs
 from .. import tables as L
 from .context import LowerContext
 
@@ -59,6 +59,13 @@ def _check_dims_bound(graph: Graph) -> None:
                              f"(only inside expressions), so the compiled function could not learn it")
 
 
+def relax_inputs(node: Node, values: dict[str, relax.Expr]) -> dict:
+    """The node's inputs as keywords named by its op's spec: Relax values (a list for a variadic
+    input, None for an absent optional one)."""
+    return {name: [values[v] for v in value] if isinstance(value, list) else None if value is None else values[value]
+            for name, value in named_inputs(node).items()}
+
+
 def lower_graph(bb: relax.BlockBuilder, graph: Graph, entry: str, weights: list[str], wtypes: dict,
                 target: str, options: dict | None = None, kernels: dict | None = None) -> None:
     """Add the Relax function `entry` computing `graph` to the BlockBuilder's module.
@@ -77,7 +84,7 @@ def lower_graph(bb: relax.BlockBuilder, graph: Graph, entry: str, weights: list[
                 if node.op not in table:
                     raise LoweringError(node, KeyError(f"no tvm lowering for op {node.op!r}"))
                 try:
-                    outs = table[node.op].fn(ctx, node, *[values[i] for i in node.inputs])
+                    outs = table[node.op].fn(ctx, node, **relax_inputs(node, values))
                 except Exception as e:
                     raise LoweringError(node, e) from e
                 outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]

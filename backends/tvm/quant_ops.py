@@ -14,9 +14,8 @@ from tvm import relax
 from ...kernels.moe.tvm import SCHEDULES as MOE_SCHEDULES
 from ...kernels.moe.tvm import moe_down, moe_gate_up, panel
 from ...kernels.mxfp4.naive import GROUP_SIZE
-from ..tables import builtin
 from .context import LowerContext
-from .kernel_ops import _activation, _moe_rows, _static, kernel_supports
+from .kernel_ops import _activation, _moe_rows, _static, tir
 
 R = relax.op
 
@@ -53,38 +52,38 @@ def _down(ctx, a, packed, scale, idx, w, E: int, I: int, Dout: int, k: int, N, r
     return ctx.call_tir(gv, args, [relax.TensorType([N, Dout], "float32")])[0]
 
 
-def _dims(ctx, node, packed: str) -> tuple[int, int, int]:
+def _dims(ctx, packed: str) -> tuple[int, int, int]:
     """(E, out, in) of the experts stored in `packed` [E, out, in/2]."""
     E, n_out, half = _static(ctx, packed, 0, 1, 2)
     return E, n_out, 2 * half
 
 
-@builtin("tvm", "moe_gate_up_mxfp4", kind="TIR", supports=kernel_supports)
-def _moe_gate_up_mxfp4(ctx: LowerContext, node, h, packed, scale, idx):
-    E, I2, D_ = _dims(ctx, node, node.inputs[1])
-    (k,) = _static(ctx, node.inputs[3], 1)
-    return _gate_up(ctx, h, packed, scale, idx, E, D_, I2, k, ctx.shape(node.inputs[0])[0],
-                    _moe_rows(ctx, node.inputs[0]))
+@tir("moe_gate_up_mxfp4")
+def _moe_gate_up_mxfp4(ctx: LowerContext, node, h, w13_packed, w13_scale, idx):
+    ir = ctx.ir(node)
+    E, I2, D_ = _dims(ctx, ir["w13_packed"])
+    (k,) = _static(ctx, ir["idx"], 1)
+    return _gate_up(ctx, h, w13_packed, w13_scale, idx, E, D_, I2, k, ctx.shape(ir["h"])[0], _moe_rows(ctx, ir["h"]))
 
 
-@builtin("tvm", "moe_down_mxfp4", kind="TIR", supports=kernel_supports)
-def _moe_down_mxfp4(ctx: LowerContext, node, a, packed, scale, idx, w):
-    E, Dout, I = _dims(ctx, node, node.inputs[1])
-    (k,) = _static(ctx, node.inputs[3], 1)
-    return _down(ctx, a, packed, scale, idx, w, E, I, Dout, k, ctx.shape(node.inputs[0])[0],
-                 _moe_rows(ctx, node.inputs[0]))
+@tir("moe_down_mxfp4")
+def _moe_down_mxfp4(ctx: LowerContext, node, a, w2_packed, w2_scale, idx, w):
+    ir = ctx.ir(node)
+    E, Dout, I = _dims(ctx, ir["w2_packed"])
+    (k,) = _static(ctx, ir["idx"], 1)
+    return _down(ctx, a, w2_packed, w2_scale, idx, w, E, I, Dout, k, ctx.shape(ir["a"])[0], _moe_rows(ctx, ir["a"]))
 
 
-@builtin("tvm", "moe_experts_mxfp4", kind="TIR", supports=kernel_supports)
-def _moe_experts_mxfp4(ctx: LowerContext, node, h, p13, s13, p2, s2, idx, w):
-    a = ctx.attrs(node)
-    E, I2, D_ = _dims(ctx, node, node.inputs[1])
-    _, Dout, _ = _dims(ctx, node, node.inputs[3])
-    (k,) = _static(ctx, node.inputs[5], 1)
-    N = ctx.shape(node.inputs[0])[0]
-    rows = _moe_rows(ctx, node.inputs[0])
-    gu = _gate_up(ctx, h, p13, s13, idx, E, D_, I2, k, N, rows)
+@tir("moe_experts_mxfp4")
+def _moe_experts_mxfp4(ctx: LowerContext, node, h, w13_packed, w13_scale, w2_packed, w2_scale, idx, w):
+    a, ir = ctx.attrs(node), ctx.ir(node)
+    E, I2, D_ = _dims(ctx, ir["w13_packed"])
+    _, Dout, _ = _dims(ctx, ir["w2_packed"])
+    (k,) = _static(ctx, ir["idx"], 1)
+    N = ctx.shape(ir["h"])[0]
+    rows = _moe_rows(ctx, ir["h"])
+    gu = _gate_up(ctx, h, w13_packed, w13_scale, idx, E, D_, I2, k, N, rows)
     gu2 = ctx.bb.emit(R.reshape(gu, relax.ShapeExpr([N * k, I2])))
     act = _activation(ctx, gu2, N * k, I2 // 2, a["act"], a["beta"], a["linear_beta"])
     act3 = ctx.bb.emit(R.reshape(act, relax.ShapeExpr([N, k, I2 // 2])))
-    return _down(ctx, act3, p2, s2, idx, w, E, I2 // 2, Dout, k, N, rows)
+    return _down(ctx, act3, w2_packed, w2_scale, idx, w, E, I2 // 2, Dout, k, N, rows)

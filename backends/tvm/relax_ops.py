@@ -42,23 +42,24 @@ def _const(ctx: LowerContext, node, *, value=None, dtype=None):
     return relax.const(a["value"] if value is None else value, DTYPES[a["dtype"] if dtype is None else dtype])
 
 
-def _scalar(ctx: LowerContext, value, like: str) -> relax.Constant:
-    return relax.const(value, DTYPES[ctx.type_of(like).dtype])
+def _dtype(ctx, node) -> str:
+    """The TVM dtype of the node's first input (an elementwise op computes in it)."""
+    return DTYPES[ctx.type_of(next(iter(ctx.ir(node).values()))).dtype]
 
 
 def _softplus(ctx, node, x):  # TVM's own softplus is log(1 + exp(x)): see stable.py
     a = ctx.attrs(node)
-    return stable.softplus(x, a["beta"], a["threshold"], DTYPES[ctx.type_of(node.inputs[0]).dtype])
+    return stable.softplus(x, a["beta"], a["threshold"], _dtype(ctx, node))
 
 
 def _tanh(ctx, node, x):  # TVM's own tanh cancels for small |x|: see stable.py
-    return stable.tanh(x, DTYPES[ctx.type_of(node.inputs[0]).dtype])
+    return stable.tanh(x, _dtype(ctx, node))
 
 
 def _elu(ctx, node, x):
-    alpha = ctx.attrs(node)["alpha"]
-    zero, one = _scalar(ctx, 0.0, node.inputs[0]), _scalar(ctx, 1.0, node.inputs[0])
-    neg = R.multiply(_scalar(ctx, alpha, node.inputs[0]), R.subtract(R.exp(R.minimum(x, zero)), one))
+    alpha, dt = ctx.attrs(node)["alpha"], _dtype(ctx, node)
+    zero, one = relax.const(0.0, dt), relax.const(1.0, dt)
+    neg = R.multiply(relax.const(alpha, dt), R.subtract(R.exp(R.minimum(x, zero)), one))
     return R.where(R.greater(x, zero), x, neg)
 
 
@@ -67,7 +68,7 @@ def _gelu(ctx, node, x):
 
 
 def _pow(ctx, node, a, b):
-    producer = ctx.producer(node.inputs[1])
+    producer = ctx.producer(ctx.ir(node)["b"])
     if producer is not None and producer.op == "const" and producer.attrs.get("value") == 2.0:
         return R.multiply(a, a)
     return R.power(a, b)
@@ -77,10 +78,10 @@ def _cast(ctx, node, x):
     if stored(ctx, node.outputs[0]):
         return x  # its readers take the stored weight and widen it themselves: no float32 copy
     dtype = DTYPES[ctx.attrs(node)["dtype"]]
-    if dtype == "bfloat16" and ctx.type_of(node.inputs[0]).dtype == "f32":
+    if dtype == "bfloat16" and ctx.type_of(ctx.ir(node)["x"]).dtype == "f32":
         from .bf16_dot import rounded  # TVM drops a fused cast to bf16 and back: round on the bits first
 
-        x = rounded(ctx, x, node.inputs[0])
+        x = rounded(ctx, x, ctx.ir(node)["x"])
     return R.astype(x, dtype)
 
 
@@ -103,8 +104,14 @@ def _permute(ctx, node, x):
     return R.permute_dims(x, list(ctx.attrs(node)["perm"]))
 
 
+def _rank(ctx, node) -> int:
+    """The rank of the node's first input (the whole list's first for concat and stack)."""
+    first = next(iter(ctx.ir(node).values()))
+    return ctx.type_of(first[0] if isinstance(first, list) else first).rank
+
+
 def _axis(ctx, node, dim: int) -> int:
-    return dim % max(ctx.type_of(node.inputs[0]).rank, 1)
+    return dim % max(_rank(ctx, node), 1)
 
 
 def _slice(ctx, node, x):
@@ -114,13 +121,12 @@ def _slice(ctx, node, x):
                            assume_inbound=True)
 
 
-def _concat(ctx, node, *xs):
+def _concat(ctx, node, xs):
     return R.concat(list(xs), axis=_axis(ctx, node, ctx.attrs(node)["dim"]))
 
 
-def _stack(ctx, node, *xs):
-    rank = ctx.type_of(node.inputs[0]).rank
-    return R.stack(list(xs), axis=ctx.attrs(node)["dim"] % (rank + 1))
+def _stack(ctx, node, xs):
+    return R.stack(list(xs), axis=ctx.attrs(node)["dim"] % (_rank(ctx, node) + 1))
 
 
 def _split(ctx, node, x):
@@ -141,7 +147,7 @@ def _expand(ctx, node, x):
 def _reduce(fn):
     def rule(ctx, node, x):
         a = ctx.attrs(node)
-        rank = ctx.type_of(node.inputs[0]).rank
+        rank = _rank(ctx, node)
         return fn(x, axis=sorted({d % rank for d in a["dims"]}), keepdims=a["keepdim"])
 
     return rule
@@ -150,7 +156,7 @@ def _reduce(fn):
 def _linear(ctx, node, x, w, b=None):
     y = _packed_linear(ctx, node, x, w)
     if y is None:
-        y = R.matmul(x, R.permute_dims(as_f32(ctx, node.inputs[1], w), [1, 0]))
+        y = R.matmul(x, R.permute_dims(as_f32(ctx, ctx.ir(node)["w"], w), [1, 0]))
     return y if b is None else R.add(y, b)
 
 
@@ -162,13 +168,13 @@ def weight_only(ctx, value: str) -> bool:
     if value in ctx.graph.weights:
         return True
     p = ctx.producer(value)
-    return p is not None and p.op == "cast" and p.inputs[0] in ctx.graph.weights
+    return p is not None and p.op == "cast" and ctx.ir(p)["x"] in ctx.graph.weights
 
 
-# The inputs at which an op's TVM lowering reads a weight in its stored dtype (`as_f32` or a
-# kernel that widens in registers). A BF16 weight that only such inputs read is held as BF16:
-# its cast lowers to nothing, so no float32 copy is made at load.
-STORED_READS = {"linear": (1,), "gated_mlp": (1,), "embedding": (0,), "mla_attention": (3,)}
+# The inputs (by the op's spec names) at which an op's TVM lowering reads a weight in its stored
+# dtype (`as_f32` or a kernel that widens in registers). A BF16 weight that only such inputs
+# read is held as BF16: its cast lowers to nothing, so no float32 copy is made at load.
+STORED_READS = {"linear": ("w",), "gated_mlp": ("w",), "embedding": ("weight",), "mla_attention": ("w_kv_b",)}
 STORED_DTYPES = {"bf16": "bfloat16"}
 
 
@@ -176,13 +182,14 @@ def stored(ctx, value: str) -> str | None:
     """The TVM dtype in which `value`, the float32 cast of a weight, is held ("bfloat16"),
     when every reader takes it at a STORED_READS input; None when it is a float32 value."""
     p = ctx.producer(value)
-    if p is None or p.op != "cast" or p.inputs[0] not in ctx.graph.weights or value in ctx.graph.output_values:
+    source = ctx.ir(p)["x"] if p is not None and p.op == "cast" else None
+    if source not in ctx.graph.weights or value in ctx.graph.output_values:
         return None
-    dtype = STORED_DTYPES.get(ctx.type_of(p.inputs[0]).dtype)
+    dtype = STORED_DTYPES.get(ctx.type_of(source).dtype)
     if dtype is None or ctx.type_of(value).dtype != "f32":
         return None
     for n in ctx.consumers(value):
-        if any(v == value and i not in STORED_READS.get(n.op, ()) for i, v in enumerate(n.inputs)):
+        if any(v == value and name not in STORED_READS.get(n.op, ()) for name, v in ctx.ir(n).items()):
             return None
     return dtype
 
@@ -192,19 +199,20 @@ def as_f32(ctx, value: str, expr: relax.Expr) -> relax.Expr:
     return expr if stored(ctx, value) is None else R.astype(expr, "float32")
 
 
-def packable(ctx, node, weight_input: int = 1) -> bool:
-    """Whether node's weight operand can go through the panel-packed GEMM: a float32 weight
-    (or a weight cast to float32) of static shape, a float32 activation, the llvm target."""
-    wname = node.inputs[weight_input]
-    wt, xt = ctx.type_of(wname), ctx.type_of(node.inputs[0])
+def packable(ctx, node) -> bool:
+    """Whether node's weight operand `w` can go through the panel-packed GEMM: a float32 weight
+    (or a weight cast to float32) of static shape, a float32 activation `x`, the llvm target."""
+    wname, xname = ctx.ir(node)["w"], ctx.ir(node)["x"]
+    wt, xt = ctx.type_of(wname), ctx.type_of(xname)
     return (ctx.target == "llvm" and weight_only(ctx, wname) and wt.dtype == "f32" and xt.dtype == "f32"
             and all(isinstance(d, int) for d in wt.shape))
 
 
 def decode_step(ctx, value: str) -> bool:
-    """The value's rows are the batch of a decode step: its second to last axis is a static 1."""
-    t = ctx.type_of(value)
-    return t.rank >= 2 and t.shape[-2] == 1
+    """The value's rows (its second to last axis) are the batch of a decode step: the entry's
+    fact (k3c.ir.decode_step), so the flattened rows [B, D] of a decode step's MoE layer count
+    too, not only a [B, 1, D] whose token axis is the constant 1."""
+    return ctx.type_of(value).rank >= 2 and D.decode_step(ctx.graph, value, axis=-2)
 
 
 def panel_width(mcpu: str | None = None) -> int:
@@ -239,20 +247,21 @@ def _packed_linear(ctx, node, x, w):
     """x @ W^T through packed_gemm when `packable`, else None (Relax's matmul then)."""
     if not packable(ctx, node):
         return None
-    N, K = ctx.type_of(node.inputs[1]).shape
-    lead = ctx.shape(node.inputs[0])[:-1]
+    xname, wname = ctx.ir(node)["x"], ctx.ir(node)["w"]
+    N, K = ctx.type_of(wname).shape
+    lead = ctx.shape(xname)[:-1]
     M = lead[0]
     for d in lead[1:]:
         M = M * d
     x2 = ctx.bb.emit(R.reshape(x, [M, K]))
-    y = packed_gemm(ctx, x2, w, M, N, K, decode=decode_step(ctx, node.inputs[0]), wdtype=stored(ctx, node.inputs[1]),
-                    x_value=node.inputs[0])
+    y = packed_gemm(ctx, x2, w, M, N, K, decode=decode_step(ctx, xname), wdtype=stored(ctx, wname),
+                    x_value=xname)
     return R.reshape(y, [*lead, N])
 
 
-def _embedding(ctx, node, w, ids):
-    rows = R.take(w, ids, axis=0, mode="clip")  # the runner rejects ids out of range first
-    return rows if stored(ctx, node.inputs[0]) is None else R.astype(rows, "float32")  # the rows read, widened
+def _embedding(ctx, node, weight, ids):
+    rows = R.take(weight, ids, axis=0, mode="clip")  # the runner rejects ids out of range first
+    return rows if stored(ctx, ctx.ir(node)["weight"]) is None else R.astype(rows, "float32")  # the rows read, widened
 
 
 def _ones(ctx, value: str, dtype: str):
@@ -261,14 +270,15 @@ def _ones(ctx, value: str, dtype: str):
 
 
 def _rms_norm(ctx, node, x, w=None):
-    t = ctx.type_of(node.inputs[0])
-    w = _ones(ctx, node.inputs[0], DTYPES[t.dtype]) if w is None else w
+    xname = ctx.ir(node)["x"]
+    w = _ones(ctx, xname, DTYPES[ctx.type_of(xname).dtype]) if w is None else w
     return R.nn.rms_norm(x, w, axes=[-1], epsilon=ctx.attrs(node)["eps"])
 
 
 def _layer_norm(ctx, node, x, w=None, b=None):
-    t = ctx.type_of(node.inputs[0])
-    w = _ones(ctx, node.inputs[0], DTYPES[t.dtype]) if w is None else w
+    xname = ctx.ir(node)["x"]
+    t = ctx.type_of(xname)
+    w = _ones(ctx, xname, DTYPES[t.dtype]) if w is None else w
     b = R.zeros(relax.ShapeExpr([ctx.dims.expr(t.shape[-1])]), DTYPES[t.dtype]) if b is None else b
     return R.nn.layer_norm(x, w, b, axes=[-1], epsilon=ctx.attrs(node)["eps"])
 
@@ -287,10 +297,10 @@ _RULES = {
     "neg": _unary(R.negative), "exp": _unary(R.exp), "log": _unary(R.log), "sqrt": _unary(R.sqrt),
     "rsqrt": _unary(R.rsqrt), "abs": _unary(R.abs), "sigmoid": _unary(R.sigmoid), "tanh": _tanh,
     "relu": _unary(R.nn.relu), "silu": _unary(R.nn.silu), "softplus": _softplus, "elu": _elu, "gelu": _gelu,
-    "reciprocal": lambda ctx, node, x: R.divide(_scalar(ctx, 1.0, node.inputs[0]), x),
+    "reciprocal": lambda ctx, node, x: R.divide(relax.const(1.0, _dtype(ctx, node)), x),
     "add": _binary(R.add), "sub": _binary(R.subtract), "mul": _binary(R.multiply), "div": _binary(R.divide),
     "maximum": _binary(R.maximum), "minimum": _binary(R.minimum), "pow": _pow,
-    "less": _binary(R.less), "greater": _binary(R.greater), "where": lambda ctx, node, c, a, b: R.where(c, a, b),
+    "less": _binary(R.less), "greater": _binary(R.greater), "where": lambda ctx, node, cond, a, b: R.where(cond, a, b),
     "const": lambda ctx, node: _const(ctx, node), "cast": _cast, "full": _full, "arange": _arange,
     "reshape": _reshape, "permute": _permute, "slice": _slice, "concat": _concat, "stack": _stack,
     "split": _split, "expand": _expand,
@@ -308,7 +318,7 @@ for _op, _fn in _RULES.items():
 def _mxfp4_decode(ctx, node, packed, scale):
     """The codes of a byte by bitwise ops (low nibble first), values and scales by table lookup
     (the 16 E2M1 values, the 256 E8M0 powers of two): exact, as kernels/mxfp4 defines them."""
-    shape = ctx.shape(node.inputs[0])
+    shape = ctx.shape(ctx.ir(node)["packed"])
     lead, half = shape[:-1], shape[-1]
     lo = R.astype(R.bitwise_and(packed, relax.const(15, "uint8")), "int32")
     hi = R.astype(R.right_shift(packed, relax.const(4, "uint8")), "int32")

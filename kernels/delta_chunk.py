@@ -382,7 +382,7 @@ def chunk_output(q_decayed: Tensor, aqk: Tensor, v_new: Tensor, start_states: Te
 
 def chunk_delta(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor, *,
                 scale: float | None = None, initial_state: Tensor | None = None,
-                chunk_size: int = 64) -> tuple[Tensor, Tensor]:
+                chunk_size: int = DEFAULT_CHUNK_SIZE) -> tuple[Tensor, Tensor]:
     """(a), (b), (c) in a row: (o [B, T, H, V] in v's dtype, final state [B, H, K, V] fp32)."""
     T, K = q.shape[1], q.shape[-1]
     scale = K**-0.5 if scale is None else scale

@@ -15,7 +15,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..errors import InputError
-from ..kernels.situ.naive import silu_glu, situ
+from ..kernels.situ.naive import BETA, LINEAR_BETA, silu_glu, situ
 from .serving import Seq, last_rows
 from .validate import check_decode, check_prefill
 
@@ -38,8 +38,8 @@ class RMSNorm(nn.Module):
 class GatedMLP(nn.Module):
     """down(act(gate(x), up(x))), act = SiTU (K3) or SiLU-GLU; no biases."""
 
-    def __init__(self, dim: int, hidden: int, act: str = "silu", situ_beta: float = 4.0,
-                 situ_linear_beta: float | None = 25.0):
+    def __init__(self, dim: int, hidden: int, act: str = "silu", situ_beta: float = BETA,
+                 situ_linear_beta: float | None = LINEAR_BETA):
         super().__init__()
         self.gate_proj = nn.Linear(dim, hidden, bias=False)
         self.up_proj = nn.Linear(dim, hidden, bias=False)

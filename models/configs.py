@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields, replace
 
+from ..kernels.situ.naive import BETA, LINEAR_BETA
+
 
 @dataclass(frozen=True)
 class GPT2Config:
@@ -73,8 +75,8 @@ class KimiConfig:
     first_k_dense: int = 1
     dense_intermediate_size: int = 33792
     activation: str = "situ"  # "situ" | "silu"
-    situ_beta: float = 4.0
-    situ_linear_beta: float | None = 25.0
+    situ_beta: float = BETA
+    situ_linear_beta: float | None = LINEAR_BETA
     # AttnRes and norms
     attn_res_block_size: int | None = 12
     attn_res_eps: float = 1e-5

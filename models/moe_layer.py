@@ -16,7 +16,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..kernels import ops
-from .common import GatedMLP, RMSNorm, activate
+from .common import BETA, LINEAR_BETA, GatedMLP, RMSNorm, activate
 
 
 class Router(nn.Module):
@@ -72,7 +72,7 @@ class MoE(nn.Module):
     def __init__(self, d: int, num_experts: int, top_k: int, intermediate: int,
                  num_shared: int, routed_scaling_factor: float, renormalize: bool = True,
                  latent_dim: int | None = None, latent_norm: bool = False, act: str = "situ",
-                 situ_beta: float = 4.0, situ_linear_beta: float | None = 25.0,
+                 situ_beta: float = BETA, situ_linear_beta: float | None = LINEAR_BETA,
                  norm_eps: float = 1e-5):
         super().__init__()
         self.top_k, self.scaling, self.renormalize = top_k, routed_scaling_factor, renormalize

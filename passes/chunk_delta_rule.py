@@ -31,7 +31,7 @@ by ("always", the default, or "flops").
 
 from __future__ import annotations
 
-from ..ir import OPS, Graph
+from ..ir import OPS, Graph, decode_step, named_inputs
 from ..kernels.delta_chunk import DEFAULT_CHUNK_SIZE
 from .builder import Builder
 from .cost import binding, node_cost
@@ -99,8 +99,8 @@ def _linear_attention(chunk_size: int, by: str = "always"):
 
 
 def _many_tokens(m: Match) -> bool:
-    """A graph whose T is the constant 1 is a decode step whatever its entry: nothing to chunk."""
-    return m.ctx.type(m.root.inputs[0]).shape[1] != 1
+    """A decode step (ir.dims.decode_step: its entry, or a T of the constant 1): nothing to chunk."""
+    return not decode_step(m.ctx.graph, named_inputs(m.root)["q"])
 
 
 CHUNKABLE = (*GATES, "linear_attention")

@@ -22,6 +22,7 @@ import sympy
 from ..ir import OPS, Graph, Node, TensorType
 from ..ir import dims as D
 from ..ir.interpret import resolve
+from ..kernels.delta_chunk import DEFAULT_CHUNK_SIZE
 
 COST_AT: dict[str, int] = {"B": 1, "T": 1024, "P": 1024}
 """The dim binding costs are estimated at (a dim not named here counts as 1024)."""
@@ -118,7 +119,7 @@ def op_cost(op: str, in_types: list[TensorType], attrs: dict | None = None) -> t
     return node_cost(Graph(), node, {}, types), outs
 
 
-def chunk_delta_cost(B: int, T: int, H: int, K: int, V: int, dtype: str = "bf16", chunk_size: int = 64,
+def chunk_delta_cost(B: int, T: int, H: int, K: int, V: int, dtype: str = "bf16", chunk_size: int = DEFAULT_CHUNK_SIZE,
                      gate: str = "channel") -> dict[str, Cost]:
     """The three pieces of the chunked delta rule (KDA for gate "channel") at static sizes,
     as the chunk-delta-rule pass writes them: {"chunk_prepare": ..., "chunk_state_scan": ...,

@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 
-from ..ir import Graph
+from ..ir import Graph, decode_step, named_inputs
 from . import cost as C
 from .builder import Builder
 from .driver import Rule, apply_rules
@@ -110,8 +110,8 @@ def _absorb(m: Match, b: Builder) -> str:
 
 
 def _decode_step(m: Match) -> bool:
-    """A decode step: the query's T is the constant 1 (it attends to a cache, T << S)."""
-    return m.ctx.type(m.root.inputs[0]).shape[1] == 1
+    """A decode step (ir.dims.decode_step): the query attends to a cache, T << S."""
+    return decode_step(m.ctx.graph, named_inputs(m.root)["q"])
 
 
 def _cheaper(rewrite):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from ..delta_chunk import chunk_delta
+from ..delta_chunk import DEFAULT_CHUNK_SIZE, chunk_delta
 
 
 def chunk_delta_rule(
@@ -16,7 +16,7 @@ def chunk_delta_rule(
     *,
     scale: float | None = None,
     initial_state: torch.Tensor | None = None,
-    chunk_size: int = 64,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """As `chunk_kda` without g. Equals `naive_recurrent_delta_rule`."""
     return chunk_delta(q, k, v, None, beta, scale=scale, initial_state=initial_state,

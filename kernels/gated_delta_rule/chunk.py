@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from ..delta_chunk import chunk_delta
+from ..delta_chunk import DEFAULT_CHUNK_SIZE, chunk_delta
 
 
 def chunk_gated_delta_rule(
@@ -18,7 +18,7 @@ def chunk_gated_delta_rule(
     *,
     scale: float | None = None,
     initial_state: torch.Tensor | None = None,
-    chunk_size: int = 64,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """g [B, T, H] (<= 0); otherwise as `chunk_kda`. Equals `naive_recurrent_gated_delta_rule`."""
     return chunk_delta(q, k, v, g, beta, scale=scale, initial_state=initial_state,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from ..delta_chunk import chunk_delta
+from ..delta_chunk import DEFAULT_CHUNK_SIZE, chunk_delta
 
 
 def chunk_kda(
@@ -17,7 +17,7 @@ def chunk_kda(
     *,
     scale: float | None = None,
     initial_state: torch.Tensor | None = None,
-    chunk_size: int = 64,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """q, k [B, T, H, K], v [B, T, H, V], g [B, T, H, K] (<= 0), beta [B, T, H], state
     [B, H, K, V] -> (o [B, T, H, V] in v's dtype, final state [B, H, K, V] fp32).

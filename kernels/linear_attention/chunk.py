@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from ..delta_chunk import chunk_linear_prepare, chunk_output, chunk_state_scan
+from ..delta_chunk import DEFAULT_CHUNK_SIZE, chunk_linear_prepare, chunk_output, chunk_state_scan
 
 
 def chunk_linear_attention(
@@ -16,7 +16,7 @@ def chunk_linear_attention(
     *,
     scale: float | None = None,
     initial_state: tuple[torch.Tensor, torch.Tensor] | None = None,
-    chunk_size: int = 64,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
     """phi(q), phi(k) [B, T, H, K] (> 0), v [B, T, H, V], state (S [B, H, K, V], z [B, H, K])
     -> (o [B, T, H, V] in v's dtype, (S, z) fp32). Equals `naive_recurrent_linear_attention`.

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from ...delta_chunk import DEFAULT_CHUNK_SIZE
 from .intra import chunk_prepare
 from .output import chunk_output
 from .scan import chunk_state_scan
@@ -16,7 +17,7 @@ from .scan import chunk_state_scan
 
 def chunk_delta(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None,
                 beta: torch.Tensor, *, scale: float | None = None, initial_state: torch.Tensor | None = None,
-                chunk_size: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+                chunk_size: int = DEFAULT_CHUNK_SIZE) -> tuple[torch.Tensor, torch.Tensor]:
     """g [B, T, H, K] (KDA), [B, T, H] (gated delta rule) or None (delta rule).
     Returns (o [B, T, H, V] in v's dtype, final state [B, H, K, V] fp32)."""
     T, K = q.shape[1], q.shape[-1]
@@ -29,6 +30,6 @@ def chunk_delta(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tens
 
 def chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, *,
               scale: float | None = None, initial_state: torch.Tensor | None = None,
-              chunk_size: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+              chunk_size: int = DEFAULT_CHUNK_SIZE) -> tuple[torch.Tensor, torch.Tensor]:
     """KDA: q, k [B, T, H, K], v [B, T, H, V], g [B, T, H, K] (<= 0), beta [B, T, H]."""
     return chunk_delta(q, k, v, g, beta, scale=scale, initial_state=initial_state, chunk_size=chunk_size)

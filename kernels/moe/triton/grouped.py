@@ -19,6 +19,7 @@ from typing import NamedTuple
 import torch
 
 from ...common.triton import autotune, check_device, dot_precision, dots_in_fp32, tile_fits
+from ...situ.naive import BETA, LINEAR_BETA
 from ...situ.triton.epilogue import ACT_IDS, gated_act
 
 import triton  # isort: skip  (after common.triton has chosen the mode)
@@ -172,7 +173,7 @@ def moe_down(a: torch.Tensor, w2: torch.Tensor, idx: torch.Tensor, w: torch.Tens
 
 
 def moe_experts(h: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, idx: torch.Tensor, w: torch.Tensor,
-                act: str = "situ", beta: float = 4.0, linear_beta: float | None = None) -> torch.Tensor:
+                act: str = "situ", beta: float = BETA, linear_beta: float | None = LINEAR_BETA) -> torch.Tensor:
     """The IR op `moe_experts`: y[n] = sum_j w[n, j] w2[e] act(w13[e] h[n]), e = idx[n, j]."""
     _check("moe_experts", h, w13, idx)
     N, k = idx.shape

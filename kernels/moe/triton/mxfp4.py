@@ -23,6 +23,7 @@ import torch
 
 from ...common.triton import autotune, check_device, dot_precision, dots_in_fp32
 from ...mxfp4.naive import check_shapes
+from ...situ.naive import BETA, LINEAR_BETA
 from ...situ.triton.epilogue import ACT_IDS, gated_act
 from .grouped import ExpertBlocks, _block_rows, _configs, _prune, sort_by_expert
 
@@ -190,7 +191,7 @@ def moe_down_mxfp4(a: torch.Tensor, w2_packed: torch.Tensor, w2_scale: torch.Ten
 
 def moe_experts_mxfp4(h: torch.Tensor, w13_packed: torch.Tensor, w13_scale: torch.Tensor, w2_packed: torch.Tensor,
                       w2_scale: torch.Tensor, idx: torch.Tensor, w: torch.Tensor, act: str = "situ",
-                      beta: float = 4.0, linear_beta: float | None = None) -> torch.Tensor:
+                      beta: float = BETA, linear_beta: float | None = LINEAR_BETA) -> torch.Tensor:
     """The IR op `moe_experts_mxfp4`: moe_experts on the decoded experts, decoded in the kernels."""
     _check("moe_experts_mxfp4", h, w13_packed, w13_scale, idx)
     N, k = idx.shape

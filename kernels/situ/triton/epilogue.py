@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from ...common.triton import autotune, check_device, dot_precision, dots_in_fp32, prune_rows
+from ..naive import ACTIVATIONS, BETA, LINEAR_BETA
 
 import triton  # isort: skip  (after common.triton has chosen the mode)
 import triton.language as tl  # isort: skip
@@ -43,7 +44,7 @@ def gated_act(b_gate, b_up, beta, linear_beta, ACT: tl.constexpr, LINEAR_TANH: t
     return b_a * b_up
 
 
-ACT_IDS = {"situ": 0, "silu": 1}
+ACT_IDS = {act: i for i, act in enumerate(ACTIVATIONS)}  # "situ": 0, "silu": 1 (the kernels' ACT)
 
 
 @autotune(configs=[triton.Config({"BLOCK": 4096}, num_warps=4), triton.Config({"BLOCK": 1024}, num_warps=4)],
@@ -59,7 +60,7 @@ def situ_kernel(gate, up, out, n, I, s_gate, s_up, beta, linear_beta, ACT: tl.co
     tl.store(out + o, gated_act(b_g, b_u, beta, linear_beta, ACT, LINEAR_TANH).to(out.dtype.element_ty), mask=m)
 
 
-def situ(gate: torch.Tensor, up: torch.Tensor, beta: float = 4.0, linear_beta: float | None = 25.0,
+def situ(gate: torch.Tensor, up: torch.Tensor, beta: float = BETA, linear_beta: float | None = LINEAR_BETA,
          act: str = "situ") -> torch.Tensor:
     """The IR op `situ` (act "situ") or SiLU-GLU (act "silu") of gate, up [..., I] -> [..., I].
     Rows may be strided (gate and up may be the two halves of one GEMM output)."""
@@ -115,8 +116,8 @@ def gated_gemm_kernel(x, w, out, M, M_BUCKET, beta, linear_beta, N: tl.constexpr
     tl.store(out + o_m[:, None] * N + o_n[None, :], b_out.to(out.dtype.element_ty), mask=m_m[:, None] & m_n[None, :])
 
 
-def gated_mlp(x: torch.Tensor, w: torch.Tensor, act: str = "situ", beta: float = 4.0,
-              linear_beta: float | None = None) -> torch.Tensor:
+def gated_mlp(x: torch.Tensor, w: torch.Tensor, act: str = "situ", beta: float = BETA,
+              linear_beta: float | None = LINEAR_BETA) -> torch.Tensor:
     """The IR op `gated_mlp`: act(x W_gate^T, x W_up^T), x [..., D], w = cat(W_gate, W_up) [2I, D]."""
     check_device("gated_mlp", x, w)
     D = x.shape[-1]

@@ -16,8 +16,7 @@ from tvm import tirx
 from tvm.script import tirx as T
 
 from ...common.tvm import sigmoid_vec, tanh_vec
-
-ACTS = ("situ", "silu")
+from ..naive import ACTIVATIONS, BETA, LINEAR_BETA
 
 
 def _act(gate, up, act: str, beta: float, linear_beta: float | None):
@@ -29,11 +28,11 @@ def _act(gate, up, act: str, beta: float, linear_beta: float | None):
     return a * (T.float32(linear_beta) * tanh_vec(up / T.float32(linear_beta)))
 
 
-def situ(I: int, act: str = "situ", beta: float = 4.0, linear_beta: float | None = 25.0,
+def situ(I: int, act: str = "situ", beta: float = BETA, linear_beta: float | None = LINEAR_BETA,
          packed: bool = False) -> tirx.PrimFunc:
     """gate, up [M, I] (or x [M, 2I] when packed) -> out [M, I]; float32."""
-    if act not in ACTS:
-        raise ValueError(f"act must be one of {ACTS}, got {act!r}")
+    if act not in ACTIVATIONS:
+        raise ValueError(f"act must be one of {ACTIVATIONS}, got {act!r}")
     beta = float(beta)
     linear_beta = None if linear_beta is None else float(linear_beta)
 

@@ -3,6 +3,7 @@ it or says why not; the support matrix in README.md is the one the code generate
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from pathlib import Path
 
@@ -39,6 +40,58 @@ def test_op_signature_is_one_signature(op):
         assert list(fd.outputs) == list(spec.outputs), f"{op}: ONNX function outputs vs spec"
         params = list(inspect.signature(fd.body).parameters)[1:1 + len(fd.inputs)]
         assert params == list(fd.inputs), f"{op}: the ONNX body's parameters vs its inputs"
+
+
+@pytest.mark.parametrize("table", sorted(backends.tables.TABLES))
+def test_every_lowering_takes_the_spec_inputs_by_name(table):
+    """The walkers call `fn(ctx, node, **inputs)` with the spec's input names: each lowering
+    accepts exactly those keywords. A parameter that is required names an input of the op; one
+    with a default names an input of some op sharing the lowering (the delta family's `g`)."""
+    lows = dict(backends.tables.load(table).items())
+    shared: dict[int, set[str]] = {}
+    for op, low in lows.items():
+        shared.setdefault(id(low.fn), set()).update(OPS[op].tensor_inputs)
+    for op, low in sorted(lows.items()):
+        names = OPS[op].tensor_inputs
+        sig = inspect.signature(low.fn)
+        try:
+            sig.bind(None, None, **dict.fromkeys(names))
+        except TypeError as e:
+            pytest.fail(f"{table} lowering of {op} does not take the spec's inputs {names}: {e}")
+        params = list(sig.parameters.values())[2:]
+        named = [p for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        required = {p.name for p in named if p.default is p.empty}
+        assert required <= set(names), f"{table} lowering of {op} requires {sorted(required - set(names))}"
+        extra = {p.name for p in named} - shared[id(low.fn)]
+        assert not extra, f"{table} lowering of {op} takes {sorted(extra)}, no input of the ops it lowers"
+
+
+def test_onnx_functions_are_the_forms_the_table_names():
+    """Every k3c-domain function is a form some `onnx` entry may emit, and every form an entry
+    names has a body: `supports` can say which node would need a missing one."""
+    forms = {v for low in backends.tables.load("onnx").values() for v in low.variants}
+    assert forms == set(FUNCTIONS)
+
+
+def test_a_missing_form_is_a_supports_answer():
+    g = k3c.ir.parse(SITU_IR)
+    node = g.nodes[0]
+    low = backends.tables.load("onnx")["situ"]
+    assert low.check(node, g) == (True, "")
+    fewer = dataclasses.replace(low, variants=("situ",))  # as if situ_identity_up had no body
+    g.nodes[0].attrs["linear_beta"] = None
+    ok, why = fewer.check(node, g)
+    assert not ok and "situ_identity_up" in why
+
+
+SITU_IR = """graph g {
+  dim B in [1, inf]
+  input %gate: f32[B, 8]
+  input %up: f32[B, 8]
+  %y: f32[B, 8] = situ(%gate, %up) {beta=4.0, linear_beta=25.0}
+  output y = %y
+}
+"""
 
 
 # Inputs an ONNX function takes beyond its op's spec, and why.

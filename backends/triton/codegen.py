@@ -17,7 +17,7 @@ import re
 
 import sympy
 
-from ...ir import OPS, Graph, Node
+from ...ir import OPS, Graph, Node, named_inputs
 from ...ir import dims as D
 from ...ir.types import DTYPES
 from .. import tables as L
@@ -160,9 +160,6 @@ class EntryWriter:
     def rank(self, value: str) -> int:
         return self.graph.types[value].rank
 
-    def last_dim(self, node: Node):
-        return self.graph.types[node.inputs[0]].shape[-1]
-
     def torch_dtype(self, name: str) -> str:
         return TORCH_DTYPES[name]
 
@@ -208,7 +205,7 @@ class EntryWriter:
             low = L.load("triton").get(node.op)
             if low is None:
                 raise KeyError(f"no triton lowering for op {node.op!r} ({node.describe()})")
-            return [low.fn(self, node) + _where(node)]
+            return [low.fn(self, node, **named_inputs(node)) + _where(node)]
         name, broadcast = self.module.kernel(step, self.graph, self.consts)
         out = self.graph.types[step.root.outputs[0]]
         args = ", ".join(self.val(v) for v in step.inputs)
@@ -300,7 +297,8 @@ def expert_activations(graph: Graph, node: Node, target: str | None, requested: 
         return None
     if requested == "mxfp8":
         return "mxfp8"
-    return "bf16" if graph.types[node.inputs[0]].dtype == "bf16" else None
+    activations = next(iter(named_inputs(node).values()))  # h, or a of moe_down_mxfp4: the first input
+    return "bf16" if graph.types[activations].dtype == "bf16" else None
 
 
 def generate_module(graphs: dict[str, Graph], title: str, target: str | None = None,

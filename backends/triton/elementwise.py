@@ -15,39 +15,22 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ...ir import Graph, Node
+from ...ir import OPS, Graph, Node, named_inputs
 from ...ir import dims as D
+from ...ir.types import FLOATS
+from .. import tables as L
 
-# op -> Triton expression over the operands a, b, c (already fp32 blocks); attrs by name.
-EXPR: dict[str, str] = {
-    "neg": "-{a}",
-    "exp": "tl.exp({a})",
-    "log": "tl.log({a})",
-    "sqrt": "tl.sqrt({a})",
-    "rsqrt": "tl.rsqrt({a})",
-    "abs": "tl.abs({a})",
-    "reciprocal": "1.0 / {a}",
-    "sigmoid": "tl.sigmoid({a})",
-    "tanh": "tanh({a})",
-    "relu": "tl.maximum({a}, 0.0)",
-    "silu": "{a} * tl.sigmoid({a})",
-    "softplus": "softplus({a}, {beta}, {threshold})",  # kernels/common/triton/stable.py
-    "elu": "tl.where({a} > 0, {a}, {alpha} * (tl.exp({a}) - 1.0))",
-    "gelu": "0.5 * {a} * (1.0 + tl.math.erf({a} * 0.7071067811865476))",
-    "add": "{a} + {b}",
-    "sub": "{a} - {b}",
-    "mul": "{a} * {b}",
-    "div": "{a} / {b}",
-    "maximum": "tl.maximum({a}, {b})",
-    "minimum": "tl.minimum({a}, {b})",
-    "less": "{a} < {b}",
-    "greater": "{a} > {b}",
-    "where": "tl.where({a}, {b}, {c})",
-}
 GELU_TANH = "0.5 * {a} * (1.0 + tanh(0.7978845608028654 * ({a} + 0.044715 * {a} * {a} * {a})))"
-FLOATS = ("f32", "f16", "bf16", "f64")
 TL_DTYPES = {"f32": "tl.float32", "f16": "tl.float16", "bf16": "tl.bfloat16", "f64": "tl.float64"}
 WIDTH = {"f64": 64, "f32": 32, "f16": 16, "bf16": 16}
+
+
+def expr_of(op: str) -> str | None:
+    """The op's Triton expression over its operands {a}, {b}, {c} (fp32 blocks) and its float
+    attributes by name: the `expr` of its entry in the `triton` table (lowering.py), None for an
+    op that joins no generated kernel."""
+    low = L.load("triton").get(op)
+    return None if low is None else low.expr
 
 
 def const_value(node: Node) -> float | None:
@@ -80,15 +63,16 @@ def pow_expr(base: str, exponent: float) -> str | None:
 def fusible(node: Node, graph: Graph, consts: dict[str, float]) -> bool:
     """Whether `node` can be a member of a generated elementwise kernel."""
     out_dtype = graph.types[node.outputs[0]].dtype
+    x = named_inputs(node) if node.op in ("cast", "pow", "where") else {}
     if node.op == "cast":
-        return out_dtype in FLOATS and graph.types[node.inputs[0]].dtype in FLOATS
+        return out_dtype in FLOATS and graph.types[x["x"]].dtype in FLOATS
     if node.op == "pow":
-        return out_dtype in FLOATS and node.inputs[1] in consts and pow_expr("x", consts[node.inputs[1]]) is not None
+        return out_dtype in FLOATS and x["b"] in consts and pow_expr("x", consts[x["b"]]) is not None
     if node.op in ("less", "greater"):
         return all(graph.types[i].dtype in FLOATS for i in node.inputs)
     if node.op == "where":
-        return out_dtype in FLOATS and graph.types[node.inputs[0]].dtype == "bool"
-    return node.op in EXPR and out_dtype in FLOATS
+        return out_dtype in FLOATS and graph.types[x["cond"]].dtype == "bool"
+    return expr_of(node.op) is not None and out_dtype in FLOATS
 
 
 @dataclass
@@ -159,7 +143,7 @@ def _shown_operand(value: str, shown: dict, consts: dict[str, float]) -> tuple[s
 def _shown(node: Node, args: list[tuple[str, bool]], graph: Graph, consts: dict[str, float]) -> tuple[str, bool]:
     """The node's expression for the kernel's docstring, with parentheses only where needed."""
     infix = node.op in ("add", "sub", "mul", "div", "neg", "less", "greater", "reciprocal") or (
-        node.op == "pow" and "*" in (pow_expr("x", consts.get(node.inputs[1], 0.0)) or ""))
+        node.op == "pow" and "*" in (pow_expr("x", consts.get(named_inputs(node)["b"], 0.0)) or ""))
     texts = [f"({t})" if (inf and infix) else t for t, inf in args]
     return _expression(node, texts, graph, consts).replace("tl.", ""), infix
 
@@ -190,12 +174,12 @@ def _operand(value: str, operand: dict[str, str], consts: dict[str, float]) -> s
 def _expression(node: Node, args: list[str], graph: Graph, consts: dict[str, float]) -> str:
     a, b, c = (args + [None, None, None])[:3]
     if node.op == "pow":
-        return pow_expr(a, consts[node.inputs[1]])  # fusible() checked the exponent
+        return pow_expr(a, consts[named_inputs(node)["b"]])  # fusible() checked the exponent
     if node.op == "cast":
-        src, dst = graph.types[node.inputs[0]].dtype, node.attrs["dtype"]
+        src, dst = graph.types[named_inputs(node)["x"]].dtype, node.attrs["dtype"]
         return f"{a}.to({TL_DTYPES[dst]}).to({TL_DTYPES['f32']})" if WIDTH[dst] < WIDTH[src] else a
     if node.op == "gelu" and node.attrs.get("approximate", "none") == "tanh":
         return GELU_TANH.format(a=a)
-    attrs = {"beta": 1.0, "threshold": 20.0, "alpha": 1.0, **node.attrs}
-    return EXPR[node.op].format(a=a, b=b, c=c, **{k: literal(v) for k, v in attrs.items()
+    attrs = OPS[node.op].full_attrs(node.attrs)
+    return expr_of(node.op).format(a=a, b=b, c=c, **{k: literal(v) for k, v in attrs.items()
                                                   if isinstance(v, (int, float)) and not isinstance(v, bool)})

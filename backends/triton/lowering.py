@@ -1,5 +1,8 @@
 """The Triton backend's lowerings: IR op -> one statement of the generated module, each
-`fn(cg, node) -> str` in the `triton` table of k3c.backends.tables.
+`fn(cg, node, **inputs) -> str` in the `triton` table of k3c.backends.tables.
+
+The walker (codegen.py) passes a node's inputs as keywords named by the op's spec (IR
+values; `cg.val(v)` is one's Python expression, None an absent optional input).
 
 The fused and recurrent ops call kernel templates from k3c.kernels.*.triton; GEMMs, shape
 ops, indexing and reductions call torch, where a template would not win (cuBLAS GEMMs,
@@ -12,10 +15,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ...ir import Node
+from ...ir import Node, named_inputs
 from ..signs import check_decays
 from ..tables import builtin
-from .elementwise import EXPR, FLOATS
+from .elementwise import FLOATS
 
 KDA = "k3c.kernels.kda.triton"
 
@@ -31,75 +34,106 @@ TORCH_ELEMENTWISE: dict[str, str] = {
 }
 
 
-def _elementwise(cg, n: Node) -> str:
-    a, b, c = ([cg.val(i) for i in n.inputs] + [None] * 3)[:3]
-    if n.op == "softplus":
-        return f"{cg.lhs(n)} = F.softplus({a}, {cg.attr(n, 'beta')}, {cg.attr(n, 'threshold')})"
-    if n.op == "elu":
-        return f"{cg.lhs(n)} = F.elu({a}, {cg.attr(n, 'alpha')})"
-    if n.op == "gelu":
-        return f"{cg.lhs(n)} = F.gelu({a}, approximate={cg.attr(n, 'approximate')})"
-    return f"{cg.lhs(n)} = {TORCH_ELEMENTWISE[n.op].format(a=a, b=b, c=c)}"
+# op -> its Triton expression inside a generated elementwise kernel (elementwise.py), over the
+# operands a, b, c (already fp32 blocks) and its float attributes by name: the `expr` of the
+# op's table entry, so the support matrix ("fused") and the planner read the same row.
+FUSED_EXPR: dict[str, str] = {
+    "neg": "-{a}",
+    "exp": "tl.exp({a})",
+    "log": "tl.log({a})",
+    "sqrt": "tl.sqrt({a})",
+    "rsqrt": "tl.rsqrt({a})",
+    "abs": "tl.abs({a})",
+    "reciprocal": "1.0 / {a}",
+    "sigmoid": "tl.sigmoid({a})",
+    "tanh": "tanh({a})",
+    "relu": "tl.maximum({a}, 0.0)",
+    "silu": "{a} * tl.sigmoid({a})",
+    "softplus": "softplus({a}, {beta}, {threshold})",  # kernels/common/triton/stable.py
+    "elu": "tl.where({a} > 0, {a}, {alpha} * (tl.exp({a}) - 1.0))",
+    "gelu": "0.5 * {a} * (1.0 + tl.math.erf({a} * 0.7071067811865476))",
+    "add": "{a} + {b}",
+    "sub": "{a} - {b}",
+    "mul": "{a} * {b}",
+    "div": "{a} / {b}",
+    "maximum": "tl.maximum({a}, {b})",
+    "minimum": "tl.minimum({a}, {b})",
+    "less": "{a} < {b}",
+    "greater": "{a} > {b}",
+    "where": "tl.where({a}, {b}, {c})",
+}
 
 
-def _const(cg, n: Node) -> str:
-    return f"{cg.lhs(n)} = torch.tensor({n.attrs['value']!r}, dtype={cg.torch_dtype(n.attrs['dtype'])}, device=dev)"
+def _elementwise(cg, node: Node, **inputs) -> str:  # x; a b; or cond a b: in the spec's order
+    a, b, c = ([cg.val(v) for v in inputs.values()] + [None] * 3)[:3]
+    if node.op == "softplus":
+        return f"{cg.lhs(node)} = F.softplus({a}, {cg.attr(node, 'beta')}, {cg.attr(node, 'threshold')})"
+    if node.op == "elu":
+        return f"{cg.lhs(node)} = F.elu({a}, {cg.attr(node, 'alpha')})"
+    if node.op == "gelu":
+        return f"{cg.lhs(node)} = F.gelu({a}, approximate={cg.attr(node, 'approximate')})"
+    return f"{cg.lhs(node)} = {TORCH_ELEMENTWISE[node.op].format(a=a, b=b, c=c)}"
 
 
-def _cast(cg, n: Node) -> str:
-    return f"{cg.lhs(n)} = {cg.val(n.inputs[0])}.to({cg.torch_dtype(n.attrs['dtype'])})"
+def _const(cg, node: Node) -> str:
+    return (f"{cg.lhs(node)} = torch.tensor({node.attrs['value']!r}, dtype={cg.torch_dtype(node.attrs['dtype'])}, "
+            "device=dev)")
 
 
-def _full(cg, n: Node) -> str:
-    a = n.attrs
-    return (f"{cg.lhs(n)} = torch.full({cg.shape(a['shape'])}, {a['value']!r}, "
+def _cast(cg, node: Node, x) -> str:
+    return f"{cg.lhs(node)} = {cg.val(x)}.to({cg.torch_dtype(node.attrs['dtype'])})"
+
+
+def _full(cg, node: Node) -> str:
+    a = node.attrs
+    return (f"{cg.lhs(node)} = torch.full({cg.shape(a['shape'])}, {a['value']!r}, "
             f"dtype={cg.torch_dtype(a['dtype'])}, device=dev)")
 
 
-def _arange(cg, n: Node) -> str:
-    return (f"{cg.lhs(n)} = torch.arange({cg.attr(n, 'start')}, {cg.attr(n, 'end')}, "
-            f"dtype={cg.torch_dtype(cg.attrs(n)['dtype'])}, device=dev)")
+def _arange(cg, node: Node) -> str:
+    return (f"{cg.lhs(node)} = torch.arange({cg.attr(node, 'start')}, {cg.attr(node, 'end')}, "
+            f"dtype={cg.torch_dtype(cg.attrs(node)['dtype'])}, device=dev)")
 
 
 def _reduce(method: str) -> Callable:
-    def lower(cg, n: Node) -> str:
-        a = cg.attrs(n)
-        return f"{cg.lhs(n)} = {cg.val(n.inputs[0])}.{method}(dim={tuple(a['dims'])!r}, keepdim={a['keepdim']!r})"
+    def lower(cg, node: Node, x) -> str:
+        a = cg.attrs(node)
+        return f"{cg.lhs(node)} = {cg.val(x)}.{method}(dim={tuple(a['dims'])!r}, keepdim={a['keepdim']!r})"
     return lower
 
 
-def _slice(cg, n: Node) -> str:
-    a = cg.attrs(n)
-    rank = cg.rank(n.inputs[0])
+def _slice(cg, node: Node, x) -> str:
+    a = cg.attrs(node)
+    rank = cg.rank(x)
     d = a["dim"] % rank
     end_s = cg.dim(a["end"])
     start_s = "" if a["start"] == 0 else cg.dim(a["start"])
     step_s = "" if a["step"] == 1 else f":{a['step']}"
     index = ", ".join([":"] * d + [f"{start_s}:{end_s}{step_s}"])
-    return f"{cg.lhs(n)} = {cg.val(n.inputs[0])}[{index}].contiguous()"
+    return f"{cg.lhs(node)} = {cg.val(x)}[{index}].contiguous()"
 
 
 def _call(fn: str, module: str | None = None, attrs: tuple[str, ...] = (), kw: tuple[str, ...] = ()) -> Callable:
-    """`lhs = fn(inputs..., attr values..., key=attr...)`; fn from `module` when given."""
-    def lower(cg, n: Node) -> str:
+    """`lhs = fn(inputs..., attr values..., key=attr...)`: the inputs in the spec's order (an
+    absent optional one left out); fn from `module` when given."""
+    def lower(cg, node: Node, **inputs) -> str:
         name = cg.use(module, fn) if module else fn
-        args = [cg.val(i) for i in n.inputs] + [cg.attr(n, a) for a in attrs]
-        args += [f"{k}={cg.attr(n, k)}" for k in kw]
-        return f"{cg.lhs(n)} = {name}({', '.join(args)})"
+        args = [cg.val(v) for v in inputs.values() if v is not None] + [cg.attr(node, a) for a in attrs]
+        args += [f"{k}={cg.attr(node, k)}" for k in kw]
+        return f"{cg.lhs(node)} = {name}({', '.join(args)})"
     return lower
 
 
-def _layer_norm(cg, n: Node) -> str:
-    x, *params = [cg.val(i) for i in n.inputs]
-    w, b = (params + ["None", "None"])[:2]
-    return f"{cg.lhs(n)} = F.layer_norm({x}, ({cg.dim(cg.last_dim(n))},), {w}, {b}, {cg.attr(n, 'eps')})"
+def _layer_norm(cg, node: Node, x, w, b) -> str:
+    w, b = (cg.val(v) if v is not None else "None" for v in (w, b))
+    return (f"{cg.lhs(node)} = F.layer_norm({cg.val(x)}, ({cg.dim(cg.graph.types[x].shape[-1])},), {w}, {b}, "
+            f"{cg.attr(node, 'eps')})")
 
 
-def _gated_mlp(cg, n: Node) -> str:
+def _gated_mlp(cg, node: Node, x, w) -> str:
     fn = cg.use("k3c.kernels.situ.triton", "gated_mlp")
-    x, w = (cg.val(i) for i in n.inputs)
-    return (f"{cg.lhs(n)} = {fn}({x}, {w}, {cg.attr(n, 'act')}, {cg.attr(n, 'beta')}, "
-            f"{cg.attr(n, 'linear_beta')})  # the gate/up GEMM with its activation epilogue")
+    return (f"{cg.lhs(node)} = {fn}({cg.val(x)}, {cg.val(w)}, {cg.attr(node, 'act')}, {cg.attr(node, 'beta')}, "
+            f"{cg.attr(node, 'linear_beta')})  # the gate/up GEMM with its activation epilogue")
 
 
 def _mxfp4_experts(fn: str, attrs: tuple[str, ...] = ()) -> Callable:
@@ -107,29 +141,29 @@ def _mxfp4_experts(fn: str, attrs: tuple[str, ...] = ()) -> Callable:
     mxfp4.py), or, on a target whose MMA multiplies MX operands with their scales (sm_100),
     `tl.dot_scaled` (mxfp4_scaled.py) with the activations the module chose (codegen's
     `expert_activations`: BF16, or MXFP8 for the block-scaled MMA when asked for)."""
-    def lower(cg, n: Node) -> str:
-        acts = cg.expert_activations(n)
+    def lower(cg, node: Node, **inputs) -> str:
+        acts = cg.expert_activations(node)
         if acts is None:
-            return _call(fn, "k3c.kernels.moe.triton", attrs=attrs)(cg, n)
-        line = _call(fn + "_scaled", "k3c.kernels.moe.triton", attrs=attrs)(cg, n)
+            return _call(fn, "k3c.kernels.moe.triton", attrs=attrs)(cg, node, **inputs)
+        line = _call(fn + "_scaled", "k3c.kernels.moe.triton", attrs=attrs)(cg, node, **inputs)
         return f"{line[:-1]}, activations={acts!r})"  # the call's last argument, by keyword
     return lower
 
 
-def _chunk_prepare(cg, n: Node) -> str:
+def _chunk_prepare(cg, node: Node, q, k, v, beta, g) -> str:
     fn = cg.use(KDA, "chunk_prepare")
-    args = [cg.val(i) for i in n.inputs] + ["None"] * (5 - len(n.inputs))
-    return f"{cg.lhs(n)} = {fn}({', '.join(args)}, {cg.attr(n, 'chunk_size')}, {cg.attr(n, 'gate')})  # (a)"
+    args = [cg.val(x) if x is not None else "None" for x in (q, k, v, beta, g)]
+    return f"{cg.lhs(node)} = {fn}({', '.join(args)}, {cg.attr(node, 'chunk_size')}, {cg.attr(node, 'gate')})  # (a)"
 
 
-def _chunk_output(cg, n: Node) -> str:
+def _chunk_output(cg, node: Node, q_decayed, aqk, v_new, start_states) -> str:
     fn = cg.use(KDA, "chunk_output")
-    args = ", ".join(cg.val(i) for i in n.inputs)
-    return f"{cg.lhs(n)} = {fn}({args}, {cg.attr(n, 'scale')}, {cg.attr(n, 'T')})  # (c)"
+    args = ", ".join(cg.val(x) for x in (q_decayed, aqk, v_new, start_states))
+    return f"{cg.lhs(node)} = {fn}({args}, {cg.attr(node, 'scale')}, {cg.attr(node, 'T')})  # (c)"
 
 
-def _chunk_state_scan(cg, n: Node) -> str:
-    return _call("chunk_state_scan", KDA)(cg, n) + "  # (b)"
+def _chunk_state_scan(cg, node: Node, **inputs) -> str:
+    return _call("chunk_state_scan", KDA)(cg, node, **inputs) + "  # (b)"
 
 
 _RULES: dict[str, Callable] = {
@@ -138,28 +172,27 @@ _RULES: dict[str, Callable] = {
     "const": _const, "cast": _cast, "full": _full, "arange": _arange,
     "linear": _call("F.linear"),
     "matmul": _call("torch.matmul"),
-    "embedding": lambda cg, n: f"{cg.lhs(n)} = F.embedding({cg.val(n.inputs[1])}, {cg.val(n.inputs[0])})",
-    "reshape": lambda cg, n: f"{cg.lhs(n)} = {cg.val(n.inputs[0])}.reshape({cg.shape(n.attrs['shape'])})",
-    "permute": lambda cg, n: f"{cg.lhs(n)} = {cg.val(n.inputs[0])}.permute{tuple(n.attrs['perm'])!r}.contiguous()",
-    "expand": lambda cg, n: f"{cg.lhs(n)} = {cg.val(n.inputs[0])}.expand({cg.shape(n.attrs['shape'])})",
+    "embedding": lambda cg, node, weight, ids: f"{cg.lhs(node)} = F.embedding({cg.val(ids)}, {cg.val(weight)})",
+    "reshape": lambda cg, node, x: f"{cg.lhs(node)} = {cg.val(x)}.reshape({cg.shape(node.attrs['shape'])})",
+    "permute": lambda cg, node, x: f"{cg.lhs(node)} = {cg.val(x)}.permute{tuple(node.attrs['perm'])!r}.contiguous()",
+    "expand": lambda cg, node, x: f"{cg.lhs(node)} = {cg.val(x)}.expand({cg.shape(node.attrs['shape'])})",
     "slice": _slice,
-    "concat": lambda cg, n: f"{cg.lhs(n)} = torch.cat([{', '.join(map(cg.val, n.inputs))}], dim={n.attrs['dim']})",
-    "stack": lambda cg, n: f"{cg.lhs(n)} = torch.stack([{', '.join(map(cg.val, n.inputs))}], dim={cg.attr(n, 'dim')})",
-    "split": lambda cg, n: (f"{cg.lhs(n)} = torch.split({cg.val(n.inputs[0])}, "
-                            f"[{', '.join(cg.dim(s) for s in n.attrs['sizes'])}], dim={n.attrs['dim']})"),
+    "concat": lambda cg, node, xs: (f"{cg.lhs(node)} = torch.cat([{', '.join(map(cg.val, xs))}], "
+                                    f"dim={node.attrs['dim']})"),
+    "stack": lambda cg, node, xs: (f"{cg.lhs(node)} = torch.stack([{', '.join(map(cg.val, xs))}], "
+                                   f"dim={cg.attr(node, 'dim')})"),
+    "split": lambda cg, node, x: (f"{cg.lhs(node)} = torch.split({cg.val(x)}, "
+                               f"[{', '.join(cg.dim(s) for s in node.attrs['sizes'])}], dim={node.attrs['dim']})"),
     "reduce_sum": _reduce("sum"), "reduce_mean": _reduce("mean"), "reduce_max": _reduce("amax"),
-    "softmax": lambda cg, n: f"{cg.lhs(n)} = torch.softmax({cg.val(n.inputs[0])}, dim={n.attrs['dim']})",
+    "softmax": lambda cg, node, x: f"{cg.lhs(node)} = torch.softmax({cg.val(x)}, dim={node.attrs['dim']})",
     "topk": _call("topk", "k3c.kernels.topk", attrs=("k", "dim")),  # ties: the lower index first
-    "gather": lambda cg, n: (f"{cg.lhs(n)} = torch.gather({cg.val(n.inputs[0])}, {n.attrs['dim']}, "
-                             f"{cg.val(n.inputs[1])})"),
+    "gather": lambda cg, node, x, idx: (f"{cg.lhs(node)} = torch.gather({cg.val(x)}, {node.attrs['dim']}, "
+                                        f"{cg.val(idx)})"),
     "layer_norm": _layer_norm,
     # Triton templates
-    "rms_norm": lambda cg, n: (f"{cg.lhs(n)} = {cg.use('k3c.kernels.gated_rmsnorm.triton', 'rms_norm')}("
-                               f"{cg.val(n.inputs[0])}, {cg.val(n.inputs[1]) if len(n.inputs) > 1 else 'None'}, "
-                               f"{cg.attr(n, 'eps')})"),
-    "gated_rms_norm": lambda cg, n: (f"{cg.lhs(n)} = {cg.use('k3c.kernels.gated_rmsnorm.triton', 'gated_rmsnorm')}("
-                                     f"{cg.val(n.inputs[0])}, {cg.val(n.inputs[2])}, {cg.val(n.inputs[1])}, "
-                                     f"{cg.attr(n, 'eps')})"),
+    "rms_norm": lambda cg, node, x, w: (f"{cg.lhs(node)} = {cg.use('k3c.kernels.gated_rmsnorm.triton', 'rms_norm')}("
+                                     f"{cg.val(x)}, {cg.val(w) if w is not None else 'None'}, {cg.attr(node, 'eps')})"),
+    "gated_rms_norm": _call("gated_rmsnorm", "k3c.kernels.gated_rmsnorm.triton", attrs=("eps",)),
     "l2norm": _call("l2norm", "k3c.kernels.gated_rmsnorm.triton", attrs=("eps",)),
     "short_conv": _call("short_conv", "k3c.kernels.short_conv.triton", attrs=("activation",)),
     "kda": _call("rt.kda", attrs=("scale",)),
@@ -175,9 +208,9 @@ _RULES: dict[str, Callable] = {
     "attn_res_mix": _call("attn_res_mix", "k3c.kernels.attn_res.triton", attrs=("eps",)),
     "situ": _call("situ", "k3c.kernels.situ.triton", attrs=("beta", "linear_beta")),
     "gated_mlp": _gated_mlp,
-    "mxfp4_decode": lambda cg, n: (f"{cg.lhs(n)} = {cg.use('k3c.kernels.mxfp4', 'decode', 'mxfp4_decode')}("
-                                   f"{cg.val(n.inputs[0])}, {cg.val(n.inputs[1])}, "
-                                   f"{cg.torch_dtype(cg.attrs(n)['dtype'])})"),
+    "mxfp4_decode": lambda cg, node, packed, scale: (
+        f"{cg.lhs(node)} = {cg.use('k3c.kernels.mxfp4', 'decode', 'mxfp4_decode')}("
+        f"{cg.val(packed)}, {cg.val(scale)}, {cg.torch_dtype(cg.attrs(node)['dtype'])})"),
     "moe_gate_up": _call("moe_gate_up", "k3c.kernels.moe.triton"),
     "moe_down": _call("moe_down", "k3c.kernels.moe.triton"),
     "moe_experts": _call("moe_experts", "k3c.kernels.moe.triton", attrs=("act", "beta", "linear_beta")),
@@ -200,8 +233,8 @@ MAX_HEAD_DIM = 256
 def _head_dims(node: Node, graph) -> tuple[bool, str]:
     """The recurrent kernels hold a [K, BV] state block in registers, and the chunk kernels
     clamp exponents at 0 (a log-decay must be provably <= 0)."""
-    K = graph.types[node.inputs[0]].shape[-1]
-    V = graph.types[node.inputs[2]].shape[-1]
+    x = named_inputs(node)
+    K, V = graph.types[x["q"]].shape[-1], graph.types[x["v"]].shape[-1]
     if not all(isinstance(d, int) and d <= MAX_HEAD_DIM for d in (K, V)):
         return False, f"head dims K={K}, V={V}: the Triton kernels take static head dims up to {MAX_HEAD_DIM}"
     if any(graph.types[i].dtype not in FLOATS for i in node.inputs):
@@ -221,5 +254,6 @@ _SUPPORTS = {op: _head_dims for op in ("kda", "gated_delta_rule", "delta_rule", 
 _SUPPORTS["chunk_prepare"] = _chunk_prepare_fits
 
 for _op, _fn in _RULES.items():
-    _kind = "kernel" if _op in KERNEL_OPS else "fused" if _op in EXPR else "torch"
-    builtin("triton", _op, kind=_kind, supports=_SUPPORTS.get(_op))(_fn)
+    _kind = "kernel" if _op in KERNEL_OPS else "fused" if _op in FUSED_EXPR else "torch"
+    # floats=None: every float dtype (the kernel templates compute in fp32 registers)
+    builtin("triton", _op, kind=_kind, supports=_SUPPORTS.get(_op), expr=FUSED_EXPR.get(_op), floats=None)(_fn)

@@ -18,7 +18,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...ir import Graph, parse
+from ...ir import Graph, named_inputs, parse
 from ...passes import cost as C
 
 
@@ -99,7 +99,8 @@ def _entry_rows(entry: str, g: Graph, sizes: dict[str, int], by_op: dict[str, li
         if node.op not in by_op:
             continue
         cost = C.node_cost(g, node, env)
-        shape = "x".join(map(str, C.static_shape(g.types[node.inputs[0]], env)))
+        first = next(iter(named_inputs(node).values()))  # the shape the kernels are listed by
+        shape = "x".join(map(str, C.static_shape(g.types[first], env)))
         groups.setdefault((node.op, shape, cost.flops, cost.bytes), []).append(node)
     rows = []
     for (op, shape, flops, nbytes), nodes in groups.items():

@@ -7,8 +7,8 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 
+from ...kernels.gated_rmsnorm.naive import gated_rmsnorm
 from .. import dims as D
 from ..types import TensorType
 from .spec import attr, defop, expect
@@ -21,15 +21,11 @@ def _gated_infer(x: TensorType, gate: TensorType, w: TensorType, *, eps) -> list
     return [x]
 
 
-def _gated_ref(x, gate, w, eps):
-    return F.rms_norm(x, (x.shape[-1],), w, eps) * torch.sigmoid(gate)
-
-
 def _gated_decompose(b, x, gate, w, *, eps):
     return [b.op("mul", [b.op("rms_norm", [x, w], eps=eps), b.op("sigmoid", [gate])])]
 
 
-defop("gated_rms_norm", "x gate w", attrs={"eps": attr("float", lo=0)}, infer=_gated_infer, ref=_gated_ref,
+defop("gated_rms_norm", "x gate w", attrs={"eps": attr("float", lo=0)}, infer=_gated_infer, ref=gated_rmsnorm,
       decompose=_gated_decompose, flops=lambda ins, outs, a: 7 * math.prod(ins[0]), families="norm fused",
       doc="rms_norm(x, w) * sigmoid(gate) over the last dim: KDA's output norm in one kernel")
 

@@ -1,6 +1,7 @@
 """The definition of the gated RMSNorm at the output of KDA.
 
-o [..., V], weight [V], gate [..., V]:  rmsnorm(o) * weight * sigmoid(gate), in fp32.
+o [..., V], gate [..., V], weight [V]:  rmsnorm(o) * weight * sigmoid(gate), in fp32, in the
+order of the IR op `gated_rms_norm(x, gate, w)`, whose reference this is.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ import torch
 
 
 def gated_rmsnorm(
-    x: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor, eps: float = 1e-5
+    x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5
 ) -> torch.Tensor:
     xf = x.float()
     y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()

@@ -40,4 +40,4 @@ def test_l2norm():
 def test_gated_rmsnorm():
     x, w, gate = randn(2, 5, 16, seed=1, scale=2.0), randn(16, seed=2), randn(2, 5, 16, seed=3)
     ref = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * w * torch.sigmoid(gate)
-    assert_close(gated_rmsnorm(x, w, gate), ref, what="gated rmsnorm")
+    assert_close(gated_rmsnorm(x, gate, w), ref, what="gated rmsnorm")

@@ -63,7 +63,7 @@ def case_gated_mlp():
 
 def case_gated_rmsnorm():
     x, gate, w = randn(B, 65, 2, 48, dtype=BF16), randn(B, 65, 2, 48, seed=1, dtype=BF16), randn(48, seed=2)
-    return gated_rmsnorm(x, w.to(BF16), gate), gated_rmsnorm_ref(*f32(x, w.to(BF16), gate))
+    return gated_rmsnorm(x, gate, w.to(BF16)), gated_rmsnorm_ref(*f32(x, gate, w.to(BF16)))
 
 
 def case_attn_res_mix():

@@ -127,7 +127,7 @@ def test_rmsnorm_times_sigmoid_is_the_gated_norm_kernel(tmp_path):
     fused = passes.run(graph_of(GATED_NORM), ["fuse-norms"])
     assert fused.op_counts() == {"gated_rms_norm": 1}
     source = assert_matches_interpreter(fused, xs, tmp_path)
-    assert "y = gated_rmsnorm(o, W['w'], gate, 1e-05)" in source
+    assert "y = gated_rmsnorm(o, gate, W['w'], 1e-05)" in source
     assert "@triton.jit" not in source
 
 

@@ -77,7 +77,7 @@ def test_gated_mlp_says_what_is_wrong():
 def test_gated_rmsnorm(T, D, dtype):
     x, gate, w = randn(B, T, 2, D, scale=3.0, dtype=dtype), randn(B, T, 2, D, seed=1, dtype=dtype), \
         randn(D, seed=2, dtype=dtype)
-    assert_close(gated_rmsnorm(x, w, gate, 1e-5), gated_rmsnorm_ref(x, w, gate, 1e-5), what="gated rmsnorm")
+    assert_close(gated_rmsnorm(x, gate, w, 1e-5), gated_rmsnorm_ref(x, gate, w, 1e-5), what="gated rmsnorm")
 
 
 @dtypes

@@ -67,6 +67,7 @@ def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return rms_norm(x, None, eps, mean=False)
 
 
-def gated_rmsnorm(x: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
-    """KDA's output norm: rmsnorm(x) * weight * sigmoid(gate), as `..naive.gated_rmsnorm`."""
+def gated_rmsnorm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
+    """KDA's output norm: rmsnorm(x) * weight * sigmoid(gate), as `..naive.gated_rmsnorm` (the
+    IR op's order: x, gate, weight)."""
     return rms_norm(x, weight, eps, gate)

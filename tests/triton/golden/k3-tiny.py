@@ -141,7 +141,7 @@ def prefill(W, input_ids):
     kda_v_new, kda_start_states, kda_state_out = chunk_state_scan(kda_w, kda_u, kda_k_decayed, kda_decay_last, new_zeros_3)  # (b)  # models/kda_layer.py:99
     kda_o = chunk_output(kda_q_decayed, kda_aqk, kda_v_new, kda_start_states, 0.1767766952966369, T)  # (c)  # models/kda_layer.py:99
     view_9 = linear_merged_5.reshape((B, T, 4, 32))  # models/kda_layer.py:101
-    mul_4 = gated_rmsnorm(kda_o, W['model.layers.0.self_attn.o_norm.weight'], view_9, 1e-05)  # models/kda_layer.py:101
+    mul_4 = gated_rmsnorm(kda_o, view_9, W['model.layers.0.self_attn.o_norm.weight'], 1e-05)  # models/kda_layer.py:101
     reshape = mul_4.reshape((B, T, 128))  # models/kda_layer.py:102
     linear_7 = F.linear(reshape, W['model.layers.0.self_attn.o_proj.weight'])  # models/kda_layer.py:102
     stack = torch.stack([embedding, linear_7], dim=0)
@@ -171,7 +171,7 @@ def prefill(W, input_ids):
     kda_1_v_new, kda_1_start_states, kda_1_state_out = chunk_state_scan(kda_1_w, kda_1_u, kda_1_k_decayed, kda_1_decay_last, new_zeros_3)  # (b)  # models/kda_layer.py:99
     kda_1_o = chunk_output(kda_1_q_decayed, kda_1_aqk, kda_1_v_new, kda_1_start_states, 0.1767766952966369, T)  # (c)  # models/kda_layer.py:99
     view_21 = linear_11_merged_5.reshape((B, T, 4, 32))  # models/kda_layer.py:101
-    mul_13 = gated_rmsnorm(kda_1_o, W['model.layers.1.self_attn.o_norm.weight'], view_21, 1e-05)  # models/kda_layer.py:101
+    mul_13 = gated_rmsnorm(kda_1_o, view_21, W['model.layers.1.self_attn.o_norm.weight'], 1e-05)  # models/kda_layer.py:101
     reshape_1 = mul_13.reshape((B, T, 128))  # models/kda_layer.py:102
     linear_18 = F.linear(reshape_1, W['model.layers.1.self_attn.o_proj.weight'])  # models/kda_layer.py:102
     add_7 = rt.elementwise(ew2, (B, T, 256), torch.float32, add_3, linear_18)
@@ -216,7 +216,7 @@ def prefill(W, input_ids):
     kda_2_v_new, kda_2_start_states, kda_2_state_out = chunk_state_scan(kda_2_w, kda_2_u, kda_2_k_decayed, kda_2_decay_last, new_zeros_3)  # (b)  # models/kda_layer.py:99
     kda_2_o = chunk_output(kda_2_q_decayed, kda_2_aqk, kda_2_v_new, kda_2_start_states, 0.1767766952966369, T)  # (c)  # models/kda_layer.py:99
     view_34 = linear_25_merged_5.reshape((B, T, 4, 32))  # models/kda_layer.py:101
-    mul_28 = gated_rmsnorm(kda_2_o, W['model.layers.2.self_attn.o_norm.weight'], view_34, 1e-05)  # models/kda_layer.py:101
+    mul_28 = gated_rmsnorm(kda_2_o, view_34, W['model.layers.2.self_attn.o_norm.weight'], 1e-05)  # models/kda_layer.py:101
     reshape_3 = mul_28.reshape((B, T, 128))  # models/kda_layer.py:102
     linear_32 = F.linear(reshape_3, W['model.layers.2.self_attn.o_proj.weight'])  # models/kda_layer.py:102
     add_15 = rt.elementwise(ew2, (B, T, 256), torch.float32, add_11, linear_32)
@@ -295,7 +295,7 @@ def prefill(W, input_ids):
     kda_3_v_new, kda_3_start_states, kda_3_state_out = chunk_state_scan(kda_3_w, kda_3_u, kda_3_k_decayed, kda_3_decay_last, new_zeros_3)  # (b)  # models/kda_layer.py:99
     kda_3_o = chunk_output(kda_3_q_decayed, kda_3_aqk, kda_3_v_new, kda_3_start_states, 0.1767766952966369, T)  # (c)  # models/kda_layer.py:99
     view_51 = linear_50_merged_5.reshape((B, T, 4, 32))  # models/kda_layer.py:101
-    mul_56 = gated_rmsnorm(kda_3_o, W['model.layers.4.self_attn.o_norm.weight'], view_51, 1e-05)  # models/kda_layer.py:101
+    mul_56 = gated_rmsnorm(kda_3_o, view_51, W['model.layers.4.self_attn.o_norm.weight'], 1e-05)  # models/kda_layer.py:101
     reshape_7 = mul_56.reshape((B, T, 128))  # models/kda_layer.py:102
     linear_57 = F.linear(reshape_7, W['model.layers.4.self_attn.o_proj.weight'])  # models/kda_layer.py:102
     add_27 = rt.elementwise(ew2, (B, T, 256), torch.float32, add_23, linear_57)
@@ -340,7 +340,7 @@ def prefill(W, input_ids):
     kda_4_v_new, kda_4_start_states, kda_4_state_out = chunk_state_scan(kda_4_w, kda_4_u, kda_4_k_decayed, kda_4_decay_last, new_zeros_3)  # (b)  # models/kda_layer.py:99
     kda_4_o = chunk_output(kda_4_q_decayed, kda_4_aqk, kda_4_v_new, kda_4_start_states, 0.1767766952966369, T)  # (c)  # models/kda_layer.py:99
     view_64 = linear_64_merged_5.reshape((B, T, 4, 32))  # models/kda_layer.py:101
-    mul_71 = gated_rmsnorm(kda_4_o, W['model.layers.5.self_attn.o_norm.weight'], view_64, 1e-05)  # models/kda_layer.py:101
+    mul_71 = gated_rmsnorm(kda_4_o, view_64, W['model.layers.5.self_attn.o_norm.weight'], 1e-05)  # models/kda_layer.py:101
     reshape_9 = mul_71.reshape((B, T, 128))  # models/kda_layer.py:102
     linear_71 = F.linear(reshape_9, W['model.layers.5.self_attn.o_proj.weight'])  # models/kda_layer.py:102
     add_35 = rt.elementwise(ew2, (B, T, 256), torch.float32, add_31, linear_71)
@@ -385,7 +385,7 @@ def prefill(W, input_ids):
     kda_5_v_new, kda_5_start_states, kda_5_state_out = chunk_state_scan(kda_5_w, kda_5_u, kda_5_k_decayed, kda_5_decay_last, new_zeros_3)  # (b)  # models/kda_layer.py:99
     kda_5_o = chunk_output(kda_5_q_decayed, kda_5_aqk, kda_5_v_new, kda_5_start_states, 0.1767766952966369, T)  # (c)  # models/kda_layer.py:99
     view_77 = linear_78_merged_5.reshape((B, T, 4, 32))  # models/kda_layer.py:101
-    mul_86 = gated_rmsnorm(kda_5_o, W['model.layers.6.self_attn.o_norm.weight'], view_77, 1e-05)  # models/kda_layer.py:101
+    mul_86 = gated_rmsnorm(kda_5_o, view_77, W['model.layers.6.self_attn.o_norm.weight'], 1e-05)  # models/kda_layer.py:101
     reshape_11 = mul_86.reshape((B, T, 128))  # models/kda_layer.py:102
     linear_85 = F.linear(reshape_11, W['model.layers.6.self_attn.o_proj.weight'])  # models/kda_layer.py:102
     stack_12 = torch.stack([embedding, add_19, add_39, linear_85], dim=0)
@@ -508,7 +508,7 @@ def decode(W, input_ids, layers_0_S, layers_0_conv_q, layers_0_conv_k, layers_0_
     sigmoid_1 = rt.elementwise(ew1, (B, 1, 4), torch.float32, linear_merged_4)  # models/kda_layer.py:93
     kda_0, kda_1 = rt.kda(mul, mul_1, view_5, mul_3, sigmoid_1, layers_0_S, 0.1767766952966369)  # models/kda_layer.py:99
     view_9 = linear_merged_5.reshape((B, 1, 4, 32))  # models/kda_layer.py:101
-    mul_4 = gated_rmsnorm(kda_0, W['model.layers.0.self_attn.o_norm.weight'], view_9, 1e-05)  # models/kda_layer.py:101
+    mul_4 = gated_rmsnorm(kda_0, view_9, W['model.layers.0.self_attn.o_norm.weight'], 1e-05)  # models/kda_layer.py:101
     reshape = mul_4.reshape((B, 1, 128))  # models/kda_layer.py:102
     linear_7 = F.linear(reshape, W['model.layers.0.self_attn.o_proj.weight'])  # models/kda_layer.py:102
     stack = torch.stack([embedding, linear_7], dim=0)
@@ -536,7 +536,7 @@ def decode(W, input_ids, layers_0_S, layers_0_conv_q, layers_0_conv_k, layers_0_
     sigmoid_5 = rt.elementwise(ew1, (B, 1, 4), torch.float32, linear_11_merged_4)  # models/kda_layer.py:93
     kda_1_0, kda_1_1 = rt.kda(mul_9, mul_10, view_17, mul_12, sigmoid_5, layers_1_S, 0.1767766952966369)  # models/kda_layer.py:99
     view_21 = linear_11_merged_5.reshape((B, 1, 4, 32))  # models/kda_layer.py:101
-    mul_13 = gated_rmsnorm(kda_1_0, W['model.layers.1.self_attn.o_norm.weight'], view_21, 1e-05)  # models/kda_layer.py:101
+    mul_13 = gated_rmsnorm(kda_1_0, view_21, W['model.layers.1.self_attn.o_norm.weight'], 1e-05)  # models/kda_layer.py:101
     reshape_1 = mul_13.reshape((B, 1, 128))  # models/kda_layer.py:102
     linear_18 = F.linear(reshape_1, W['model.layers.1.self_attn.o_proj.weight'])  # models/kda_layer.py:102
     add_7 = rt.elementwise(ew2, (B, 1, 256), torch.float32, add_3, linear_18)
@@ -579,7 +579,7 @@ def decode(W, input_ids, layers_0_S, layers_0_conv_q, layers_0_conv_k, layers_0_
     sigmoid_11 = rt.elementwise(ew1, (B, 1, 4), torch.float32, linear_25_merged_4)  # models/kda_layer.py:93
     kda_2_0, kda_2_1 = rt.kda(mul_23, mul_24, view_30, mul_26, sigmoid_11, layers_2_S, 0.1767766952966369)  # models/kda_layer.py:99
     view_34 = linear_25_merged_5.reshape((B, 1, 4, 32))  # models/kda_layer.py:101
-    mul_27 = gated_rmsnorm(kda_2_0, W['model.layers.2.self_attn.o_norm.weight'], view_34, 1e-05)  # models/kda_layer.py:101
+    mul_27 = gated_rmsnorm(kda_2_0, view_34, W['model.layers.2.self_attn.o_norm.weight'], 1e-05)  # models/kda_layer.py:101
     reshape_3 = mul_27.reshape((B, 1, 128))  # models/kda_layer.py:102
     linear_32 = F.linear(reshape_3, W['model.layers.2.self_attn.o_proj.weight'])  # models/kda_layer.py:102
     add_15 = rt.elementwise(ew2, (B, 1, 256), torch.float32, add_11, linear_32)
@@ -658,7 +658,7 @@ def decode(W, input_ids, layers_0_S, layers_0_conv_q, layers_0_conv_k, layers_0_
     sigmoid_21 = rt.elementwise(ew1, (B, 1, 4), torch.float32, linear_50_merged_4)  # models/kda_layer.py:93
     kda_3_0, kda_3_1 = rt.kda(mul_48, mul_49, view_47, mul_51, sigmoid_21, layers_4_S, 0.1767766952966369)  # models/kda_layer.py:99
     view_51 = linear_50_merged_5.reshape((B, 1, 4, 32))  # models/kda_layer.py:101
-    mul_52 = gated_rmsnorm(kda_3_0, W['model.layers.4.self_attn.o_norm.weight'], view_51, 1e-05)  # models/kda_layer.py:101
+    mul_52 = gated_rmsnorm(kda_3_0, view_51, W['model.layers.4.self_attn.o_norm.weight'], 1e-05)  # models/kda_layer.py:101
     reshape_7 = mul_52.reshape((B, 1, 128))  # models/kda_layer.py:102
     linear_57 = F.linear(reshape_7, W['model.layers.4.self_attn.o_proj.weight'])  # models/kda_layer.py:102
     add_27 = rt.elementwise(ew2, (B, 1, 256), torch.float32, add_23, linear_57)
@@ -701,7 +701,7 @@ def decode(W, input_ids, layers_0_S, layers_0_conv_q, layers_0_conv_k, layers_0_
     sigmoid_27 = rt.elementwise(ew1, (B, 1, 4), torch.float32, linear_64_merged_4)  # models/kda_layer.py:93
     kda_4_0, kda_4_1 = rt.kda(mul_62, mul_63, view_60, mul_65, sigmoid_27, layers_5_S, 0.1767766952966369)  # models/kda_layer.py:99
     view_64 = linear_64_merged_5.reshape((B, 1, 4, 32))  # models/kda_layer.py:101
-    mul_66 = gated_rmsnorm(kda_4_0, W['model.layers.5.self_attn.o_norm.weight'], view_64, 1e-05)  # models/kda_layer.py:101
+    mul_66 = gated_rmsnorm(kda_4_0, view_64, W['model.layers.5.self_attn.o_norm.weight'], 1e-05)  # models/kda_layer.py:101
     reshape_9 = mul_66.reshape((B, 1, 128))  # models/kda_layer.py:102
     linear_71 = F.linear(reshape_9, W['model.layers.5.self_attn.o_proj.weight'])  # models/kda_layer.py:102
     add_35 = rt.elementwise(ew2, (B, 1, 256), torch.float32, add_31, linear_71)
@@ -744,7 +744,7 @@ def decode(W, input_ids, layers_0_S, layers_0_conv_q, layers_0_conv_k, layers_0_
     sigmoid_33 = rt.elementwise(ew1, (B, 1, 4), torch.float32, linear_78_merged_4)  # models/kda_layer.py:93
     kda_5_0, kda_5_1 = rt.kda(mul_76, mul_77, view_73, mul_79, sigmoid_33, layers_6_S, 0.1767766952966369)  # models/kda_layer.py:99
     view_77 = linear_78_merged_5.reshape((B, 1, 4, 32))  # models/kda_layer.py:101
-    mul_80 = gated_rmsnorm(kda_5_0, W['model.layers.6.self_attn.o_norm.weight'], view_77, 1e-05)  # models/kda_layer.py:101
+    mul_80 = gated_rmsnorm(kda_5_0, view_77, W['model.layers.6.self_attn.o_norm.weight'], 1e-05)  # models/kda_layer.py:101
     reshape_11 = mul_80.reshape((B, 1, 128))  # models/kda_layer.py:102
     linear_85 = F.linear(reshape_11, W['model.layers.6.self_attn.o_proj.weight'])  # models/kda_layer.py:102
     stack_12 = torch.stack([embedding, add_19, add_39, linear_85], dim=0)

@@ -220,8 +220,20 @@ def k3c_backend(gm: torch.fx.GraphModule, example_inputs: list, options: dict | 
     return _Runner(module, gm, name, backend, rest)
 
 
+def _reason(err: Exception) -> str:
+    """One short line: the distinct ops the frontend lacks (a graph may list hundreds of nodes),
+    else the error's text on one line, cut at 300 characters."""
+    unknown = getattr(err, "unknown", None)
+    if unknown:
+        ops = list(dict.fromkeys(op for op, _ in unknown))
+        more = f" and {len(ops) - 8} more" if len(ops) > 8 else ""
+        return f"{len(unknown)} node(s) of ops k3c's frontend has no builder for: {', '.join(ops[:8])}{more}"
+    text = " ".join(line.strip() for line in str(err).splitlines()) or type(err).__name__
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
 def _fall_back(name: str, err: Exception, gm: torch.fx.GraphModule):
-    reason = " ".join(line.strip() for line in str(err).splitlines()) or type(err).__name__
+    reason = _reason(err)
     stats.fallbacks.append((name, reason))
     log.warning("k3c: %s runs eagerly: %s", name, reason)
     return gm.forward

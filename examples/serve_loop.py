@@ -14,8 +14,9 @@ k3-tiny is compiled into it first: that step alone needs k3c, the loop below doe
 - Slots: the batch state holds every state tensor with one row a slot. A request's state is
   written into a free slot's rows; a finished request is retired and a waiting one takes its
   slot while the others keep decoding.
-- Speculative verify: each step, a slot whose history repeats its current token proposes up
-  to k draft tokens (the ones that followed that token last time: prompt lookup). One extend
+- Speculative verify: each step, a slot whose last two tokens occurred before, in its own
+  sequence or in one served before, proposes up to k draft tokens: the ones that followed
+  them there (n-gram drafting; the third request repeats the first's prompt). One extend
   over all slots feeds each slot its current token and its drafts (`lengths`: 1 + drafts, 0
   for a free slot, which then sits the call out) and keeps the longest prefix of drafts equal
   to the model's own greedy choice, plus that choice. A slot that rejected drafts is rolled
@@ -92,12 +93,14 @@ class Model:
         return self._run("decode", ids, state)
 
 
-def propose(history, k):
-    """Up to k drafts: what followed the last earlier occurrence of the current token."""
-    last = history[-1]
-    for i in range(len(history) - 2, -1, -1):
-        if history[i] == last:
-            return history[i + 1:i + 1 + k]
+def propose(history, corpus, k):
+    """Up to k drafts (n-gram drafting): the tokens that followed the latest earlier occurrence
+    of the last two tokens, in this sequence or else in a sequence served before."""
+    key = history[-2:]
+    for seq in [history, *corpus]:
+        for i in range(len(seq) - 2, 0, -1):  # seq[i - 1:i + 1] == key with a token after it
+            if seq[i - 1:i + 1] == key:
+                return seq[i + 1:i + 1 + k]
     return []
 
 
@@ -125,7 +128,8 @@ def serve(model, prefix, requests, slots, k):
                 out[r].append(int(cur[s]))
         counts["most_busy"] = max(counts["most_busy"], sum(r is not None for r in held))
         busy = [s for s in range(slots) if held[s] is not None and len(out[held[s]]) < requests[held[s]][1]]
-        drafts = {s: propose(prefix + requests[held[s]][0] + out[held[s]], k) for s in busy}
+        seen = {r: prefix + requests[r][0] + out[r] for r in range(len(requests)) if out[r]}
+        drafts = {s: propose(seen[held[s]], [h for r, h in seen.items() if r != held[s]], k) for s in busy}
         if any(drafts.values()):
             width = 1 + max(len(d) for d in drafts.values())
             fed = np.zeros((slots, width), dtype=np.int64)
@@ -182,8 +186,10 @@ def main(argv):
     rng = np.random.default_rng(0)
     vocab = manifest["entries"]["prefill"]["inputs"][0].get("bounds", [0, 1024])[1]
     prefix = rng.integers(0, vocab, 24).tolist()
-    requests = [(rng.integers(0, vocab, 5).tolist(), 12, 0), (rng.integers(0, vocab, 9).tolist(), 6, 0),
-                (rng.integers(0, vocab, 3).tolist(), 9, 2)]  # (own tokens, new tokens, arrival step)
+    first = rng.integers(0, vocab, 5).tolist()
+    # (own tokens, new tokens, arrival step); the third asks what the first asked: its drafts
+    # come from the first's tokens
+    requests = [(first, 12, 0), (rng.integers(0, vocab, 9).tolist(), 6, 0), (first, 9, 1)]
     longest = max(len(prefix) + len(r[0]) + r[1] for r in requests) + k
     if longest > model.capacity:
         sys.exit(f"{longest} tokens exceed the caches' capacity {model.capacity}")

@@ -45,6 +45,30 @@ def test_prefix_reuse_matches_a_prefill_from_scratch():
     assert r.stdout.count("prefix of 40 reused") == 2, r.stdout
 
 
+def test_serve_loop_equals_plain_greedy(tmp_path):
+    """examples/serve_loop.py (slots, prefix reuse, speculative verify over onnxruntime) gives
+    each request the tokens of plain greedy generation by the eager model, the prompt alone."""
+    import torch
+
+    import k3c
+    from k3c.generate import EagerRunner, generate
+
+    r = subprocess.run([sys.executable, "examples/serve_loop.py", str(tmp_path / "k3-tiny-onnx")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout + r.stderr
+    report = json.loads(r.stdout.splitlines()[-1])
+    assert report["calls"]["prefill"] == 1, "the shared prefix is prefilled once"
+    assert report["calls"]["decode"] > 0 and report["verify_steps"] > 0 and report["accepted"] > 0, report
+    assert report["most_busy"] == 2, report
+    late = report["requests"][2]  # arrives at step 1, both slots busy: waits for a retired one's slot
+    assert late["admitted"] > 1 and late["slot"] in (report["requests"][0]["slot"], report["requests"][1]["slot"])
+    model = k3c.models.build("k3-tiny").eval()
+    for i, req in enumerate(report["requests"]):
+        with torch.no_grad():
+            want, _ = generate(EagerRunner(model, 96), [req["prompt"]], len(req["generated"]))
+        assert req["generated"] == want[0], f"request {i}: serve loop {req['generated']} != greedy {want[0]}"
+
+
 def test_every_example_is_run_by_a_test():
     tests = "\n".join(p.read_text() for p in (ROOT / "tests").rglob("test_*.py"))
     for example in sorted((ROOT / "examples").glob("*.py")):

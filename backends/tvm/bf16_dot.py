@@ -22,8 +22,9 @@ from .target import target_has
 def holds_bf16(ctx, value: str) -> bool:
     """`value` is float32 cast from a BF16 activation (not a weight): its values are BF16's."""
     p = ctx.producer(value)
-    return (p is not None and p.op == "cast" and ctx.type_of(value).dtype == "f32"
-            and p.inputs[0] not in ctx.graph.weights and ctx.type_of(p.inputs[0]).dtype == "bf16")
+    source = ctx.ir(p)["x"] if p is not None and p.op == "cast" else None
+    return (source is not None and ctx.type_of(value).dtype == "f32"
+            and source not in ctx.graph.weights and ctx.type_of(source).dtype == "bf16")
 
 
 def takes_dot(ctx, x_value: str | None, wdtype: str | None, decode: bool) -> bool:

@@ -41,6 +41,7 @@ import torch
 
 from ....errors import UsageError
 from ...common.triton import INTERPRET, autotune
+from ...situ.naive import BETA, LINEAR_BETA
 from ...situ.triton.epilogue import ACT_IDS, gated_act
 from .grouped import ExpertBlocks, _block_rows, sort_by_expert
 from .mxfp4 import _check, _e2m1, _e8m0
@@ -294,7 +295,7 @@ def moe_down_mxfp4_scaled(a: torch.Tensor, w2_packed: torch.Tensor, w2_scale: to
 
 def moe_experts_mxfp4_scaled(h: torch.Tensor, w13_packed: torch.Tensor, w13_scale: torch.Tensor,
                              w2_packed: torch.Tensor, w2_scale: torch.Tensor, idx: torch.Tensor, w: torch.Tensor,
-                             act: str = "situ", beta: float = 4.0, linear_beta: float | None = None,
+                             act: str = "situ", beta: float = BETA, linear_beta: float | None = LINEAR_BETA,
                              activations: str = "bf16") -> torch.Tensor:
     """`moe_experts_mxfp4` through tl.dot_scaled: h as BF16 and the gate/up kernel's activation
     written in BF16 for the down GEMM, or both as MXFP8 (activations="mxfp8"); y [N, D] in h's dtype."""

@@ -9,6 +9,7 @@ CompiledModel's `prefill(ids, lengths, logits)` call into the inputs of the entr
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -49,14 +50,27 @@ def record_serving(out_dir: Path, graphs: dict) -> None:
     n = next(iter(graphs.values())).meta.get("max_context")
     manifest["serving"] = {"cache": "grow" if n is None else "fixed", "max_context": n,
                            "entries": sorted(graphs)}
-    (Path(out_dir) / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+    write(out_dir, manifest)
+
+
+def write(out_dir: Path, manifest: dict) -> None:
+    """Replace the manifest whole (a temporary file renamed over it): an interrupted write
+    leaves the previous manifest, never half of one."""
+    path = Path(out_dir) / MANIFEST
+    tmp = path.with_name(f".{MANIFEST}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(json.dumps(manifest, indent=1) + "\n")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def record_compute(out_dir: Path, graphs: dict) -> None:
     """Write the compute policy the artifact was built with into its manifest: `policy` (None:
     the model's own dtypes; "f32"; "bf16": BF16 GEMM operands) and the dtypes its weights are
-    held in (passes/compute_dtype.py); and `state`: the dtype the recurrent states are held in
-    between calls and their names (passes/state_dtype.py), what an engine allocates per slot."""
+    held in (passes/compute_dtype.py); and `recurrent_state`: the dtype the recurrent states are
+    held in between calls and their names (passes/state_dtype.py), what an engine allocates per
+    slot (ONNX's own `state` lists every state input in order)."""
     from .passes.state_dtype import recurrent_names
 
     manifest = read(out_dir)
@@ -66,8 +80,8 @@ def record_compute(out_dir: Path, graphs: dict) -> None:
     held = sorted({t.dtype for v, t in g.types.items() if v in g.weights})
     manifest["compute"] = {"policy": g.meta.get("compute"), "weights": held}
     names = list(dict.fromkeys(n for graph in graphs.values() for n in recurrent_names(graph)))
-    manifest["state"] = {"dtype": g.meta.get("state_dtype", "f32"), "recurrent": names}
-    (Path(out_dir) / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+    manifest["recurrent_state"] = {"dtype": g.meta.get("state_dtype", "f32"), "names": names}
+    write(out_dir, manifest)
 
 
 def last_logits(logits: torch.Tensor, lengths) -> torch.Tensor:

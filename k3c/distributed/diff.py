@@ -8,7 +8,6 @@ run) and the bytes each rank sent.
 
 from __future__ import annotations
 
-import copy
 import shutil
 import tempfile
 import threading
@@ -19,6 +18,7 @@ import torch
 from ..numerics import compare, model_tolerance
 from ..passes.mesh import Mesh
 from ..passes.partition import combine_report
+from ..yardstick import float64_copy, float64_mode
 from .runner import RankModel, compile_mesh
 from .simulate import run_ranks
 from .spawn import spawn
@@ -67,7 +67,8 @@ def _eager(model: torch.nn.Module, job: dict):
 def compare_mesh(model: torch.nn.Module, results: list[dict], job: dict, mesh: Mesh) -> dict:
     """Errors of a mesh run against the eager one-process model on the same job."""
     logits, state, steps, s = _eager(model, job)
-    x_logits, x_state, x_steps, x_s = _eager(copy.deepcopy(model).double(), job)
+    with float64_mode():  # the yardstick float64 throughout, the models' float32 casts included
+        x_logits, x_state, x_steps, x_s = _eager(float64_copy(model), job)
     joined, joined_dec = join_state([r["state"] for r in results], mesh), \
         join_state([r["decode_state"] for r in results], mesh)
     B = job["input_ids"].shape[0]

@@ -21,8 +21,12 @@ def test_ops_prints_one_row_per_op(capsys):
     from k3c.ir.ops import OPS
 
     assert main(["ops"]) == 0
-    rows = capsys.readouterr().out.strip().splitlines()[1:]
+    table, _, forms = capsys.readouterr().out.strip().partition("\n\n")
+    rows = table.splitlines()[1:]
     assert sorted(r.split()[1] for r in rows) == sorted(OPS)
+    # the ONNX bodies chosen by an attribute are listed under the table, one op a line
+    assert forms.startswith("forms chosen by attribute:")
+    assert any(line.split()[:2] == ["onnx", "gated_mlp:"] for line in forms.splitlines())
 
 
 def test_show_prints_ir_that_parses(capsys):

@@ -197,8 +197,8 @@ def test_the_state_handed_between_calls_halves(case, fixed_graphs, tmp_path):
     caches = [k for k in full if k not in recurrent]
     assert nbytes(half, caches) == nbytes(full, caches)
     manifest = json.loads((tmp_path / "bf16" / "manifest.json").read_text())
-    assert manifest["state"] == {"dtype": "bf16", "recurrent": sorted(recurrent, key=list(full).index)}
-    assert json.loads((tmp_path / "f32" / "manifest.json").read_text())["state"]["dtype"] == "f32"
+    assert manifest["recurrent_state"] == {"dtype": "bf16", "names": sorted(recurrent, key=list(full).index)}
+    assert json.loads((tmp_path / "f32" / "manifest.json").read_text())["recurrent_state"]["dtype"] == "f32"
 
 
 def test_a_state_of_the_wrong_dtype_and_an_unknown_dtype_are_user_errors(case, fixed_graphs, tmp_path):
@@ -218,8 +218,8 @@ def test_cli_compile_and_diff_take_the_state_dtype(tmp_path, capsys):
     out = tmp_path / "a"
     assert cli.main(["compile", "--model", "gated-deltanet-tiny", "--backend", "reference", "--out", str(out),
                      "--state-dtype", "bf16"]) == 0
-    state = json.loads((out / "manifest.json").read_text())["state"]
-    assert state["dtype"] == "bf16" and "layers.0.S" in state["recurrent"] and "layers.0.conv_v" in state["recurrent"]
+    state = json.loads((out / "manifest.json").read_text())["recurrent_state"]
+    assert state["dtype"] == "bf16" and "layers.0.S" in state["names"] and "layers.0.conv_v" in state["names"]
     assert cli.main(["diff", "--model", "gated-deltanet-tiny", "--backends", "reference", "--seq-len", "16",
                      "--decode-steps", "2", "--state-dtype", "bf16", "--json", str(tmp_path / "d.json")]) == 0
     report = json.loads((tmp_path / "d.json").read_text())

@@ -3,8 +3,8 @@
     xp = [state ++ x] along time;  y_t[c] = act(sum_j w[c, j] xp[t + j, c]);  state' = last W-1 of xp
 
 One block per output (batch, step, channel), its W-term sum written out in full (W is
-static), and one block per new state entry. Loads of `xp` read the state or x with both
-indices clamped in range, so a vectorized select stays in bounds. Schedules: llvm runs
+static), and one block per new state entry. A load of `xp` reads the state or x, only the
+one its step falls in (`_xp`), its index clamped in range besides. Schedules: llvm runs
 (batch, step) in parallel with the channels in vectors; cuda puts the flattened outputs on
 blocks of 256 threads.
 """
@@ -16,8 +16,14 @@ from tvm.script import tirx as T
 
 
 def _xp(s0, x, b, c, pos, P: int):
-    """Entry `pos` of [state ++ x] along time, for channel c of batch b."""
-    return T.Select(pos < P, s0[b, c, T.min(pos, T.int64(P - 1))], x[b, T.max(pos - P, T.int64(0)), c])
+    """Entry `pos` of [state ++ x] along time, for channel c of batch b.
+
+    An if_then_else, not a Select: a Select evaluates both loads, and the simplifier drops
+    each clamp under the Select's condition (min(pos, P-1) -> pos where pos < P), so the
+    untaken load read s0 past its end and x up to P rows before its start (a segfault when
+    the page before x is unmapped: k3-small's prefill of 16384 tokens). if_then_else reads
+    only the taken side; the clamps stay as a second guard."""
+    return T.if_then_else(pos < P, s0[b, c, T.min(pos, T.int64(P - 1))], x[b, T.max(pos - P, T.int64(0)), c])
 
 
 def _window(w, s0, x, b, t, c, W: int):

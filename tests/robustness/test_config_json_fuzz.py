@@ -49,10 +49,12 @@ def configs(draw) -> object:
     return d
 
 
-@settings(max_examples=1000, deadline=1000, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(configs())
 def test_only_k3c_errors_escape_and_each_within_a_second(d):
-    t0 = time.perf_counter()
+    # within a second of this process's CPU time (the work a config makes k3c do); wall time
+    # also counts the other test worker on a shared machine, so it only bounds waiting
+    t0, cpu = time.perf_counter(), time.process_time()
     try:
         cfg = config_from_json(d)
         check_memory(cfg)
@@ -60,4 +62,5 @@ def test_only_k3c_errors_escape_and_each_within_a_second(d):
         pass
     else:
         assert config_problems(cfg) == []
-    assert time.perf_counter() - t0 < 1.0
+    assert time.process_time() - cpu < 1.0
+    assert time.perf_counter() - t0 < 10.0

@@ -70,7 +70,7 @@ def _load_and_check(backend: str, out) -> None:
         runner.check_inputs("prefill", (ids, lengths))
 
 
-@settings(max_examples=1000, deadline=1000, database=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=1000, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_a_mutated_manifest_raises_only_k3c_errors_quickly(folders, data):
     backend = data.draw(st.sampled_from(BACKENDS))
@@ -79,12 +79,16 @@ def test_a_mutated_manifest_raises_only_k3c_errors_quickly(folders, data):
     for _ in range(data.draw(st.integers(1, 3))):
         m = _mutate(data, m)
     (out / "manifest.json").write_text(json.dumps(m, allow_nan=True))
-    start = time.perf_counter()
+    # "within a second" is this process's CPU time: the work a manifest makes k3c do (a shape
+    # like 10**10**10 once spun for minutes). Wall time on a shared 2-core machine also counts
+    # the other test worker, so it bounds only waiting (a FIFO, a lock) and gets more room.
+    start, cpu = time.perf_counter(), time.process_time()
     try:
         _load_and_check(backend, out)
     except K3cError:
         pass
-    assert time.perf_counter() - start < 1.0
+    assert time.process_time() - cpu < 1.0
+    assert time.perf_counter() - start < 10.0
 
 
 def test_the_unmutated_manifests_load(folders):

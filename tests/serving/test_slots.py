@@ -104,7 +104,7 @@ def check_alone(run, model, clear_at=None):
     return seen, slots
 
 
-@pytest.mark.parametrize("backend", ["reference", "onnx", "onnx:ort", "tvm"])
+@pytest.mark.parametrize("backend", ["reference", "onnx", "onnx:ort", pytest.param("tvm", marks=pytest.mark.slow)])
 def test_sequence_added_mid_run_equals_it_alone(compiled, backend):
     model, run = compiled(backend, "k3-tiny")
     _, slots = check_alone(run, model)
@@ -117,7 +117,7 @@ def test_other_family(compiled, backend):
     check_alone(run, model)
 
 
-@pytest.mark.parametrize("backend", ["reference", "onnx", "tvm"])
+@pytest.mark.parametrize("backend", ["reference", "onnx", pytest.param("tvm", marks=pytest.mark.slow)])
 def test_cleared_slot_leaves_the_others_unchanged(compiled, backend):
     """Sequence 1 retired at step 4 instead of 8: the others' logits are as before."""
     model, run = compiled(backend, "k3-tiny")

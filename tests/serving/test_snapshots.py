@@ -85,7 +85,7 @@ def check_resumes(run, model, at=AT, lengths=LENGTHS, **prefill_options):
         _same_state(snaps[p], at_p, f"snapshot at {p}")
 
 
-@pytest.mark.parametrize("backend", ["onnx", "onnx:ort", "tvm"])
+@pytest.mark.parametrize("backend", ["onnx", "onnx:ort", pytest.param("tvm", marks=pytest.mark.slow)])
 def test_resumed_run_equals_uninterrupted_k3_tiny(compiled, backend):
     model, run = compiled(backend, "k3-tiny")
     check_resumes(run, model)

@@ -224,7 +224,7 @@ def main(argv=None) -> dict:
     print(f"read bandwidth {bw / 1e9:.1f} GB/s (sum over {args.bandwidth_mib} MiB)", flush=True)
     peaks = {d: gemm_rate(getattr(torch, t), args.gemm_n, max(3, args.repeat)) for d, t in
              (("fp32", "float32"), ("bf16", "bfloat16"))}
-    print(f"GEMM {args.gemm_n}^3: fp32 {peaks['fp32'] / 1e9:.0f} GFLOP/s, bf16 {peaks['bf16'] / 1e9:.0f} GFLOP/s",
+    print(f"GEMM {args.gemm_n}^3: fp32 {peaks['fp32'] / 1e9:.0f} GFLOP/s, bf16 {peaks['bf16'] / 1e9:.1f} GFLOP/s",
           flush=True)
     torch.set_num_threads(threads)
     result = {"model": args.model, "prefill_tokens": args.prefill, "decode_steps": args.decode,

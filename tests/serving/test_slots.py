@@ -12,9 +12,6 @@ import pytest
 import torch
 
 import k3c
-from k3c.backend_spec import parse_backend
-from k3c.backends import artifact
-from k3c.compiler import CompiledModel, prepare
 from k3c.errors import InputError, UsageError
 from k3c.generate import EagerRunner
 from k3c.numerics import assert_close
@@ -24,24 +21,6 @@ from k3c.slots import Slots
 # and the fourth takes its slot
 SEQS = [(9, 0, 6, None), (5, 2, 7, None), (11, 3, 6, [4, 7]), (6, 6, 3, None)]
 STEPS = 9
-
-
-@pytest.fixture(scope="module")
-def compiled(fixed_graphs, tmp_path_factory):
-    cache: dict = {}
-
-    def get(backend: str, name: str):
-        if (backend, name) not in cache:
-            model = k3c.models.build(name).eval()
-            spec = parse_backend(backend)
-            be = k3c.backends.get(spec.name, **spec.options())
-            graphs = prepare(fixed_graphs(model), be)
-            out = tmp_path_factory.mktemp(f"{name}-{backend.replace(':', '-')}")
-            artifact.write(be, graphs, out, force=True)
-            cache[backend, name] = model, CompiledModel(be.load(out), graphs, out, backend)
-        return cache[backend, name]
-
-    return get
 
 
 def _prompts(model):

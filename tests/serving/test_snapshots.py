@@ -16,9 +16,6 @@ import pytest
 import torch
 
 import k3c
-from k3c.backend_spec import parse_backend
-from k3c.backends import artifact
-from k3c.compiler import CompiledModel, prepare
 from k3c.errors import InputError
 from k3c.generate import EagerRunner
 from k3c.numerics import assert_close
@@ -27,25 +24,6 @@ from k3c.snapshots import copy_state, prefill_snapshots, resume
 PIECES = [1, 7, 64, 65]
 AT = [1, 8, 72]  # the ends of the first three pieces
 T, LENGTHS = sum(PIECES), torch.tensor([137, 100])
-
-
-@pytest.fixture(scope="module")
-def compiled(fixed_graphs, tmp_path_factory):
-    """(backend, model name) -> (model, CompiledModel with fixed caches of CAPACITY rows), built once."""
-    cache: dict = {}
-
-    def get(backend: str, name: str):
-        if (backend, name) not in cache:
-            model = k3c.models.build(name).eval()
-            spec = parse_backend(backend)
-            be = k3c.backends.get(spec.name, **spec.options())
-            graphs = prepare(fixed_graphs(model), be)
-            out = tmp_path_factory.mktemp(f"{name}-{backend.replace(':', '-')}")
-            artifact.write(be, graphs, out, force=True)
-            cache[backend, name] = model, CompiledModel(be.load(out), graphs, out, backend)
-        return cache[backend, name]
-
-    return get
 
 
 def _ids(model, seed=5, t=T):

@@ -120,7 +120,11 @@ def parse_type(text: str, symbols) -> TensorType:
     dtype, body = m.groups()
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}")
-    return TensorType(dtype, tuple(D.parse(s, symbols) for s in split_top(body)))
+    dims = tuple(D.parse(s, symbols) for s in split_top(body))
+    for d in dims:
+        if isinstance(d, int) and d < 0:
+            raise ValueError(f"negative dimension {d} in type {text.strip()!r}")
+    return TensorType(dtype, dims)
 
 
 def parse_value(text: str, symbols):

@@ -81,6 +81,14 @@ def test_the_base_graph_runs():
     assert all(torch.isfinite(o).all() for o in outs)
 
 
+@pytest.mark.parametrize("decl", ["weight %w: f32[-6, 8]", "input %x: f32[B, -1, 8]"])
+def test_a_negative_dimension_is_a_parse_error_that_names_it(decl):
+    head = decl.split(":")[0]
+    text = "\n".join(decl if line.strip().startswith(head) else line for line in BASE.splitlines())
+    with pytest.raises(K3cError, match=r"negative dimension -\d+"):
+        parse(text)
+
+
 def test_a_weight_without_data_is_named_not_run_on():
     g = verify(parse(BASE))  # the text form leaves %w a meta tensor
     with pytest.raises(InputError, match="weight %w carries no data"):

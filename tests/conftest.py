@@ -8,7 +8,7 @@ import os
 
 import pytest
 import torch
-from zoo import CAPTURE_T, example_ids
+from factories import CAPTURE_T, example_ids
 
 import k3c
 

@@ -6,7 +6,7 @@ import time
 
 import pytest
 import torch
-from zoo import TINY, example_ids
+from factories import TINY, example_ids
 
 import k3c
 from k3c.frontend import UnsupportedOpError

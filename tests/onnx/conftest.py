@@ -5,19 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from factories import BATCH, CAPTURE_T, DECODE_STEPS, PREFILL_T, example_ids
+from factories import ONNX_DECODE_PROMPT as DECODE_PROMPT
 
 import k3c
-
-TINY = ["gpt2-tiny", "linear-attn-tiny", "deltanet-tiny", "gated-deltanet-tiny", "kimi-linear-tiny", "k3-tiny"]
-CAPTURE_T = 16  # as the CLI captures
-PREFILL_T = (1, 63, 130)
-DECODE_PROMPT, DECODE_STEPS = 20, 16
-BATCH = 2
-
-
-def token_ids(model, B: int, T: int, seed: int = 0) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randint(0, model.config.vocab_size, (B, T), generator=gen)
 
 
 @pytest.fixture(scope="session")
@@ -28,7 +19,7 @@ def zoo_captured():
     def get(name: str):
         if name not in captured:
             models[name] = k3c.models.build(name)
-            ids = token_ids(models[name], BATCH, CAPTURE_T)
+            ids = example_ids(models[name], BATCH, CAPTURE_T)
             captured[name] = k3c.capture_entries(models[name], (ids,))
         return models[name], captured[name]
 
@@ -81,7 +72,7 @@ def eager_results():
     @torch.no_grad()
     def get(model):
         if model.name not in cache:
-            ids = token_ids(model, BATCH, max(PREFILL_T[-1], DECODE_PROMPT + DECODE_STEPS), seed=1)
+            ids = example_ids(model, BATCH, max(PREFILL_T[-1], DECODE_PROMPT + DECODE_STEPS), seed=1)
             prefill = {T: model.prefill(ids[:, :T]) for T in PREFILL_T}
             logits, state = model.prefill(ids[:, :DECODE_PROMPT])
             steps = []

@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from conftest import token_ids
+from factories import example_ids
 
 import k3c
 from k3c.numerics import assert_close
@@ -89,7 +89,7 @@ def test_cli_compile_writes_the_artifact(tmp_path, capsys):
 
 def test_compile_returns_an_onnxruntime_callable(tmp_path):
     model = k3c.models.build("linear-attn-tiny")
-    ids = token_ids(model, 2, 40, seed=3)
+    ids = example_ids(model, 2, 40, seed=3)
     compiled = k3c.compile(model, "onnx", (ids[:, :16],), out_dir=tmp_path, backend_options={"flavour": "ort"})
     from k3c.backends.onnx import OnnxRunner
 
@@ -136,7 +136,7 @@ def test_plain_onnxruntime_session_matches_runner(flavour, zoo_artifact):
     import onnxruntime as ort
 
     model, _, out, runner = zoo_artifact("kimi-linear-tiny", flavour)
-    ids = token_ids(model, 2, 33, seed=5).numpy()
+    ids = example_ids(model, 2, 33, seed=5).numpy()
     sess = ort.InferenceSession(str(out / "prefill.onnx"), providers=["CPUExecutionProvider"])
     plain = sess.run(None, {"input_ids": ids})
     ours = runner.run_numpy("prefill", ids)

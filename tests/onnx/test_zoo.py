@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import onnx
 import pytest
-from conftest import DECODE_PROMPT, DECODE_STEPS, PREFILL_T, TINY
+from factories import DECODE_STEPS, PREFILL_T, TINY
+from factories import ONNX_DECODE_PROMPT as DECODE_PROMPT
 
 from k3c.numerics import assert_close
 

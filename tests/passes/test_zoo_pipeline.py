@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from factories import TINY, example_ids
 from passes_testlib import inputs_for
-from zoo import TINY, example_ids
 
 from k3c import ir, passes
 from k3c.ir import family

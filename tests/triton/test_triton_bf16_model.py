@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from zoo import example_ids
+from factories import example_ids
 
 import k3c
 from k3c.numerics import bf16_vs_fp32, rel_rms_err, scaled_max_abs_err

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from zoo import TINY, example_ids
+from factories import TINY, example_ids
 
 import k3c
 from k3c.backends.triton import MODULE_FILE, TritonBackend

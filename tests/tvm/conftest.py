@@ -1,22 +1,12 @@
 """Fixtures of the TVM backend tests: the tiny zoo through the default pipeline, built for
-`llvm` once per session (a build takes tens of seconds on two cores), and seeded inputs."""
+`llvm` once per session (a build takes tens of seconds on two cores)."""
 
 from __future__ import annotations
 
 import pytest
-import torch
 
 import k3c
 from k3c.backends.tvm import TvmBackend
-
-PREFILL_T = (1, 63, 130)
-BATCH = 2
-DECODE_PROMPT, DECODE_STEPS = 7, 16
-
-
-def token_ids(model, B: int, T: int, seed: int = 0) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randint(0, model.config.vocab_size, (B, T), generator=gen)
 
 
 @pytest.fixture(scope="session")

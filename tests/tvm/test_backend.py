@@ -8,7 +8,7 @@ import json
 
 import pytest
 import torch
-from conftest import token_ids
+from factories import example_ids
 
 import k3c
 from k3c.backends import UnsupportedNodeError, check_supported
@@ -70,17 +70,17 @@ def small(tvm_zoo):
 def test_bad_input_names_the_input(small, bad, words):
     model, graphs, out, runner = small
     with pytest.raises(InputError) as e:
-        runner.run("prefill", bad(token_ids(model, 2, 5)))
+        runner.run("prefill", bad(example_ids(model, 2, 5)))
     for w in words:
         assert w in str(e.value)
 
 
 def test_bad_state_shape_names_the_state(small):
     model, graphs, out, runner = small
-    logits, *state = runner.run("prefill", token_ids(model, 2, 5))
+    logits, *state = runner.run("prefill", example_ids(model, 2, 5))
     state[0] = state[0][:, :, :, :-1]
     with pytest.raises(InputError, match=r"input 'layers\.0\.S'.*dim 3 is"):
-        runner.run("decode", token_ids(model, 2, 1), *state)
+        runner.run("decode", example_ids(model, 2, 1), *state)
 
 
 def test_artifact_is_the_library_the_weights_and_a_manifest(small):
@@ -131,7 +131,7 @@ def test_cuda_target_builds_k3_tiny(tvm_zoo, tmp_path):
     assert "blockIdx.x" in source and "threadIdx.x" in source
     if not torch.cuda.is_available():
         with pytest.raises(RuntimeError, match="built for cuda, and there is no cuda device here"):
-            TvmRunner(out).run("prefill", token_ids(model, 1, 3))
+            TvmRunner(out).run("prefill", example_ids(model, 1, 3))
 
 
 def test_show_prints_the_scheduled_tir(capsys):
@@ -145,7 +145,7 @@ def test_compile_cli_and_api(tmp_path, capsys):
     assert main(["compile", "--model", "gated-deltanet-tiny", "--backend", "tvm", "--out", str(tmp_path),
                  "--target", "llvm"]) == 0
     model = k3c.models.build("gated-deltanet-tiny")
-    ids = token_ids(model, 2, 9, seed=5)
+    ids = example_ids(model, 2, 9, seed=5)
     runner = TvmRunner(tmp_path)
     with torch.no_grad():
         assert_close(runner.run("prefill", ids)[0], model(ids), what="k3c compile artifact")

@@ -7,13 +7,12 @@ import copy
 
 import pytest
 import torch
-from conftest import BATCH, DECODE_PROMPT, DECODE_STEPS, PREFILL_T, token_ids
+from factories import BATCH, DECODE_STEPS, PREFILL_T, TINY, example_ids
+from factories import TVM_DECODE_PROMPT as DECODE_PROMPT
 
 from k3c.backends.tvm import TvmRunner
 from k3c.compiler import CompiledModel
 from k3c.numerics import assert_close, compare, model_tolerance
-
-TINY = ["gpt2-tiny", "linear-attn-tiny", "deltanet-tiny", "gated-deltanet-tiny", "kimi-linear-tiny", "k3-tiny"]
 
 
 def compiled(tvm_zoo, name: str) -> tuple:
@@ -32,7 +31,7 @@ def assert_state_close(got: dict, want: dict, what: str) -> None:
 @torch.no_grad()
 def test_prefill_matches_eager(tvm_zoo, name, T):
     model, cm = compiled(tvm_zoo, name)
-    ids = token_ids(model, BATCH, T, seed=T)
+    ids = example_ids(model, BATCH, T, seed=T)
     logits, state = cm.prefill(ids)
     want_logits, want_state = model.prefill(ids)
     assert_close(logits, want_logits, what=f"{name} prefill logits")
@@ -48,7 +47,7 @@ def test_decode_matches_eager(tvm_zoo, name):
     it may differ by more than one op's row while both are as close to float64."""
     model, cm = compiled(tvm_zoo, name)
     exact_model = copy.deepcopy(model).double()
-    ids = token_ids(model, BATCH, DECODE_PROMPT + DECODE_STEPS, seed=1)
+    ids = example_ids(model, BATCH, DECODE_PROMPT + DECODE_STEPS, seed=1)
     _, state = cm.prefill(ids[:, :DECODE_PROMPT])
     _, want_state = model.prefill(ids[:, :DECODE_PROMPT])
     _, exact_state = exact_model.prefill(ids[:, :DECODE_PROMPT])
@@ -67,7 +66,7 @@ def test_decode_matches_eager(tvm_zoo, name):
 def test_exported_library_reloads(tvm_zoo, name):
     """A fresh runner from the directory alone (lib.so, weights, manifest) gives the same bits."""
     model, graphs, out, runner = tvm_zoo(name)
-    ids = token_ids(model, BATCH, 33, seed=3)
+    ids = example_ids(model, BATCH, 33, seed=3)
     first = runner.run("prefill", ids)
     again = TvmRunner(out)
     assert again.entries["prefill"].output_names == [k for k, _ in graphs["prefill"].outputs]

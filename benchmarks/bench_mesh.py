@@ -26,9 +26,9 @@ import torch
 
 from k3c import models
 from k3c.distributed.diff import compare_mesh
+from k3c.distributed.mesh import Mesh
 from k3c.distributed.runner import compile_mesh
 from k3c.distributed.spawn import spawn
-from k3c.passes.mesh import Mesh
 from k3c.plan import plan
 
 

@@ -2,7 +2,7 @@
 it could decode and prefill, for models too big to run here.
 
 The model is built on the meta device in its release dtypes (BF16, MXFP4 routed experts for
-K3). On a mesh the runtime runs (tp, ep, and dp with ep = dp: passes/mesh.py) it is
+K3). On a mesh the runtime runs (tp, ep, and dp with ep = dp: k3c/distributed/mesh.py) it is
 partitioned for rank 0 and its eager prefill (B = `batch`, T = `seq_len`) and one decode step
 run on meta tensors under a communicator that only counts (k3c.distributed.comm.ShapeComm,
 bytes as passes/cost.py's `sent_bytes` defines them): "per_token" and the ranks' weights are
@@ -27,10 +27,10 @@ from __future__ import annotations
 
 import torch
 
+from .distributed.partition import combine_report, partition
 from .errors import UsageError
 from .kernels.collectives import using
 from .models.precision import unique_tensors
-from .passes.partition import combine_report, partition
 from .plan_devices import HEADROOM, device
 from .plan_mesh import DeployMesh, check_divides
 from .plan_model import profile

@@ -1,7 +1,7 @@
 """The mesh a deployment plan is written for: dp, tp, ep and pp axes over GPUs.
 
     tp  splits the attention heads (KDA, MLA), the dense and shared-expert MLP widths and every
-        routed expert's columns, as passes/partition.py does;
+        routed expert's columns, as k3c/distributed/partition.py does;
     ep  splits the routed experts; it lies over the dp axis: with dp >= ep a stage has tp * dp
         ranks, the experts over ep of them and each expert's columns over the other dp / ep
         (and tp); with ep > dp (dp = 1: what the runtime runs) a stage has tp * ep ranks and
@@ -11,7 +11,7 @@
     pp  splits the layers into pp stages of consecutive layers, one stage per group of ranks.
 
 So a stage holds tp * max(dp, ep) ranks and the world is pp times that. The runtime
-(passes.mesh.Mesh, `runtime()`) runs tp, ep and dp with ep = dp, and k3c plan also
+(distributed.mesh.Mesh, `runtime()`) runs tp, ep and dp with ep = dp, and k3c plan also
 counts its runs; a mesh with pp > 1 or another dp x ep shape is plan-only: its bytes and
 times are arithmetic.
 
@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .distributed.mesh import Mesh, parse_axes
 from .errors import UsageError
-from .passes.mesh import Mesh, parse_axes
 
 AXES = ("dp", "tp", "ep", "pp")
 
@@ -97,7 +97,7 @@ class DeployMesh:
 def check_divides(mesh: DeployMesh, config) -> None:
     """The runtime's divisibility checks (heads, widths, experts) for the tp and ep splits, and
     the same for the columns of each expert over the ranks that share it."""
-    from .passes.mesh import check_divides as runtime_check
+    from .distributed.mesh import check_divides as runtime_check
 
     runtime_check(Mesh(mesh.tp, mesh.ep, mesh.vocab), config)
     cols = mesh.stage_ranks // mesh.ep

@@ -3,8 +3,8 @@
 Per layer: the bytes and multiply-adds per token of the tensors that tensor parallelism splits,
 of those every rank keeps whole, and of the routed experts; the state one sequence holds (the
 recurrent KDA state, the conv tails, the MLA latent cache per token). Which tensors tp splits
-is not decided here: the partition pass (passes/partition.py) is run for rank 0 of tp=2 and
-each tensor it halved counts as split. The state is the model's own state spec (names,
+is not decided here: the partition (k3c/distributed/partition.py) is run for rank 0 of tp=2
+and each tensor it halved counts as split. The state is the model's own state spec (names,
 shapes, dtypes), so what the plan counts is what `model.prefill` returns.
 
     prof = profile(model)        # model: a Kimi model, any device (meta will do)
@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .distributed.partition import partition, split_dim
 from .models.precision import unique_tensors
 from .models.validate import state_spec
-from .passes.partition import partition, split_dim
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 _ROUTED = re.compile(r"\.experts\.")

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import torch
 
+from k3c.distributed.mesh import Mesh
+from k3c.distributed.partition import partition
 from k3c.distributed.simulate import run_ranks
 from k3c.distributed.state import local_job
-from k3c.passes.mesh import Mesh
-from k3c.passes.partition import partition
 
 SMALL = {"num_layers": 2, "mla_layers": (2,)}  # a KDA layer (dense MLP), an MLA layer (MoE)
 T, STEPS, B = 8, 2, 2

@@ -16,9 +16,9 @@ from pathlib import Path
 import torch
 
 from ..numerics import compare, model_tolerance
-from ..passes.mesh import Mesh
-from ..passes.partition import combine_report
 from ..yardstick import float64_copy, float64_mode
+from .mesh import Mesh
+from .partition import combine_report
 from .runner import RankModel, compile_mesh
 from .simulate import run_ranks
 from .spawn import spawn

@@ -30,9 +30,9 @@ from ..compiler import capture_entries, rebind_weights
 from ..errors import ArtifactError
 from ..ir import Graph
 from ..kernels.collectives import using
-from ..passes.mesh import Mesh
-from ..passes.partition import combine_report, partition
 from .comm import ShapeComm
+from .mesh import Mesh
+from .partition import combine_report, partition
 from .segments import is_collective, plan_from_json, plan_to_json, run_plan, split
 
 MANIFEST = "mesh.json"
@@ -66,7 +66,7 @@ def compile_mesh(model: torch.nn.Module, backend: str, example_inputs: tuple, me
     """Write one artifact per rank of `mesh` for `backend`, and the mesh manifest; returns the
     folder. `captured`: the ranks' graphs from `rank_graphs` (the same for every backend), to
     compile one capture for several backends (made with the same `combine`). `combine`: how
-    the routed experts' outputs are combined (passes/partition.py: auto, all_reduce,
+    the routed experts' outputs are combined (k3c/distributed/partition.py: auto, all_reduce,
     all_to_all); the manifest records what ran."""
     mesh = Mesh.parse(mesh)
     from ..backend_spec import parse_backend

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from ..passes.mesh import Mesh
-from ..passes.partition import split_dim
+from .mesh import Mesh
+from .partition import split_dim
 
 
 def local_job(job: dict, mesh: Mesh, rank: int) -> dict:

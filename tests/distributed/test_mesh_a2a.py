@@ -14,12 +14,12 @@ from mesh_cases import job as _job
 
 from k3c import models
 from k3c.distributed.diff import compare_mesh, run_mesh
+from k3c.distributed.mesh import Mesh
+from k3c.distributed.partition import combine_report, partition
 from k3c.distributed.runner import compile_mesh, rank_graphs
 from k3c.errors import UsageError
 from k3c.kernels.collectives import token_slice
 from k3c.models.moe_layer import MoE
-from k3c.passes.mesh import Mesh
-from k3c.passes.partition import combine_report, partition
 from k3c.plan import plan
 
 MESH = Mesh.parse("tp=2,ep=2")

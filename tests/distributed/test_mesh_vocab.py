@@ -10,10 +10,10 @@ from mesh_cases import job as _job
 
 from k3c import models
 from k3c.distributed.diff import compare_mesh, run_mesh
+from k3c.distributed.mesh import Mesh
+from k3c.distributed.partition import partition
 from k3c.distributed.runner import compile_mesh
 from k3c.errors import UsageError
-from k3c.passes.mesh import Mesh
-from k3c.passes.partition import partition
 from k3c.plan import plan
 
 

@@ -1,4 +1,4 @@
-"""The zoo's models with heads on tp=2 (passes/partition_zoo.py): GPT-2 and the linear-attention
+"""The zoo's models with heads on tp=2 (k3c/distributed/partition_zoo.py): GPT-2 and the linear-attention
 family, each rank's artifact on the reference backend against the one-process eager model
 (prefill, two decode steps, the state joined from the shards) under the fp32 tolerance, and
 the mesh errors a model without experts gives."""
@@ -11,11 +11,11 @@ import torch
 from k3c import models
 from k3c.cli import main
 from k3c.distributed.diff import diff_mesh
+from k3c.distributed.mesh import Mesh
+from k3c.distributed.partition import partition
 from k3c.distributed.simulate import run_ranks
 from k3c.distributed.state import join_state
 from k3c.numerics import assert_close
-from k3c.passes.mesh import Mesh
-from k3c.passes.partition import partition
 
 ZOO = ("gated-deltanet-tiny", "deltanet-tiny", "linear-attn-tiny", "gpt2-tiny")
 

@@ -123,7 +123,7 @@ class Mesh:
 def check_divides(mesh: Mesh, config) -> None:
     """A UsageError naming every head count, width or expert count of a config the mesh does
     not divide (config-level, before any capture): a Kimi model's, or a zoo model's with heads
-    (passes/partition_zoo.py), which has no experts for ep nor a split vocabulary."""
+    (k3c/distributed/partition_zoo.py), which has no experts for ep nor a split vocabulary."""
     if getattr(config, "family", None) != "kimi":
         return _check_zoo(mesh, config)
     tp_widths = {"KDA heads (kda_heads)": config.kda_heads, "MLA heads (mla_heads)": config.mla_heads,

@@ -1,4 +1,4 @@
-"""The partition pass for the zoo's models with heads and no experts: the linear-attention
+"""The partition for the zoo's models with heads and no experts: the linear-attention
 family (linear attention, DeltaNet, Gated DeltaNet: models/linear_lm.py) and GPT-2, on tp.
 
     tp (group: the rank's tp group)
@@ -11,7 +11,7 @@ family (linear attention, DeltaNet, Gated DeltaNet: models/linear_lm.py) and GPT
                     rowwise + all_reduce, its bias kept on tp index 0 only (the sum adds it
                     once); the KV cache [B, P, H, D] is the rank's heads.
       MLP           GPT-2's c_fc colwise, c_proj rowwise + all_reduce (bias on index 0); the
-                    SiLU-GLU MLP as passes/partition.py splits it.
+                    SiLU-GLU MLP as k3c/distributed/partition.py splits it.
     replicated: embeddings, positions, norms, the LM head.
 
 The Kimi models are partition.py's own; this file is called from it for the others.

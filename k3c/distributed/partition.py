@@ -1,5 +1,5 @@
-"""The partition pass: one rank's part of a Kimi model (Kimi Linear, K3) on a mesh (the zoo's
-GPT-2 and linear-attention models on tp: passes/partition_zoo.py).
+"""The partition: one rank's part of a Kimi model (Kimi Linear, K3) on a mesh (the zoo's
+GPT-2 and linear-attention models on tp: k3c/distributed/partition_zoo.py).
 
 The split is made on the module tree before capture, so each rank's graph is the capture of
 a model that holds only its shards and calls the collectives where a partial sum must become
@@ -52,7 +52,7 @@ from ..models.kda_layer import KDAMixer
 from ..models.mla_layer import MLAMixer
 from ..models.moe_layer import MoE, MXFP4Experts
 from ..models.validate import _SPEC, state_spec
-from .cost import combine_bytes, exchange_bytes, sent_bytes
+from ..passes.cost import combine_bytes, exchange_bytes, sent_bytes
 from .mesh import Mesh, check_divides
 from .partition_zoo import partition_zoo
 

@@ -15,9 +15,12 @@ parallel (llvm) or one per thread block (cuda). A tile holds `rows` routed rows:
 accumulators fill AVX2's registers in prefill, one row suits a decode step.
 
 `weights` says how the kernels hold the experts: "float32" panels as above, or "mxfp4": the
-stored codes and scale bytes in panels (moe/tvm/mxfp4.py), decoded in registers one panel row
-of F features at a time, once for all the rows of a tile, so no float expert ever exists in
-memory. The rest of a kernel is the same for both.
+stored codes and scale bytes in panels (moe/tvm/mxfp4.py). An expert with one routed row
+decodes them in registers, one panel row of F features at a time. On a CPU, an expert with two
+rows or more decodes each panel once into a float32 buffer of in x F (32 KB at in = 512: the
+task's cache) that all its row tiles read; decoding per tile of 6 rows bound the prefill
+(k3-small's experts took 1.5 to 2.2 times the time). No float expert is ever held whole. The
+rest of a kernel is the same for both formats, and so are the bits of every output.
 """
 
 from __future__ import annotations
@@ -65,6 +68,25 @@ def moe_gate_up(E: int, D: int, I2: int, k: int, target: str = "llvm", rows: int
     by_table = bool(mxfp4 and lut and target == "llvm" and F in mx.LUT_LANES)
     table_row = mx.lut_row(F) if by_table else None
     NG, CB = D // mx.G, mx.CODE_BYTES
+    buffered = mxfp4 and target == "llvm"  # a decoded panel in memory: a CPU's cache
+    decode_panel = mx.panel_decoder(NG, F, by_table, cols)
+
+    @T.macro
+    def in_registers(w, h, tok, ve, fo, acc, sc, lo, hi, cd):  # each panel row decoded once for a tile
+        for g in range(NG):
+            for f in cols(F):
+                sc[f] = mx.e8m0(T.Cast("int32", w[ve, fo, g, CB, f]))
+            for j in range(CB):
+                if by_table:
+                    table_row(w, ve, fo, g, j, sc, lo, hi, cd)
+                else:
+                    for f in cols(F):
+                        lo[f] = mx.e2m1(mx.low(w[ve, fo, g, j, f])) * sc[f]
+                        hi[f] = mx.e2m1(mx.high(w[ve, fo, g, j, f])) * sc[f]
+                for r in T.unroll(rows):
+                    for f in cols(F):
+                        acc[r, f] = acc[r, f] + h[tok[r], g * mx.G + 2 * j] * lo[f]
+                        acc[r, f] = acc[r, f] + h[tok[r], g * mx.G + 2 * j + 1] * hi[f]
 
     @T.prim_func(s_tir=True)
     def kernel(h_h: T.handle, w: T.Buffer(wshape, wdtype), idx_h: T.handle, gu_h: T.handle):
@@ -87,43 +109,55 @@ def moe_gate_up(E: int, D: int, I2: int, k: int, target: str = "llvm", rows: int
                 lo = T.alloc_buffer((F,), "float32", scope="local")
                 hi = T.alloc_buffer((F,), "float32", scope="local")
                 cd = T.alloc_buffer((F,), "int32", scope="local")
+                wb = T.alloc_buffer((D if buffered else 1, F), "float32", scope="global" if buffered else "local")
                 cnt[0] = T.int64(0)
                 for p in range(N * k):
                     if idx[p // k, p % k] == T.Cast("int64", ve):
                         pairs[ve, cnt[0]] = p
                         cnt[0] = cnt[0] + 1
-                for tile in range((cnt[0] + rows - 1) // rows):
-                    for r in T.unroll(rows):
-                        tok[r] = pairs[ve, T.min(tile * rows + r, cnt[0] - 1)] // k
+                if mxfp4:
                     for fo in range(I2 // F):
-                        for r in T.unroll(rows):
-                            for f in cols(F):
-                                acc[r, f] = T.float32(0)
-                        if mxfp4:
-                            for g in range(NG):
+                        if buffered:
+                            if cnt[0] >= 2:  # two rows or more: decode the panel once for all of them
+                                decode_panel(w, ve, fo, wb, sc, lo, hi, cd)
+                        for tile in range((cnt[0] + rows - 1) // rows):
+                            for r in T.unroll(rows):
+                                tok[r] = pairs[ve, T.min(tile * rows + r, cnt[0] - 1)] // k
+                            for r in T.unroll(rows):
                                 for f in cols(F):
-                                    sc[f] = mx.e8m0(T.Cast("int32", w[ve, fo, g, CB, f]))
-                                for j in range(CB):
-                                    if by_table:
-                                        table_row(w, ve, fo, g, j, sc, lo, hi, cd)
-                                    else:
-                                        for f in cols(F):  # the panel row decoded once for all rows
-                                            lo[f] = mx.e2m1(mx.low(w[ve, fo, g, j, f])) * sc[f]
-                                            hi[f] = mx.e2m1(mx.high(w[ve, fo, g, j, f])) * sc[f]
-                                    for r in T.unroll(rows):
-                                        for f in cols(F):
-                                            acc[r, f] = acc[r, f] + h[tok[r], g * mx.G + 2 * j] * lo[f]
-                                            acc[r, f] = acc[r, f] + h[tok[r], g * mx.G + 2 * j + 1] * hi[f]
-                        else:
+                                    acc[r, f] = T.float32(0)
+                            if buffered:
+                                if cnt[0] >= 2:
+                                    for d in range(D):
+                                        for r in T.unroll(rows):
+                                            for f in cols(F):
+                                                acc[r, f] = acc[r, f] + h[tok[r], d] * wb[d, f]
+                                else:
+                                    in_registers(w, h, tok, ve, fo, acc, sc, lo, hi, cd)
+                            else:
+                                in_registers(w, h, tok, ve, fo, acc, sc, lo, hi, cd)
+                            for r in T.unroll(rows):
+                                if tile * rows + r < cnt[0]:
+                                    for f in cols(F):
+                                        gu[pairs[ve, tile * rows + r] // k, pairs[ve, tile * rows + r] % k,
+                                           fo * F + f] = acc[r, f]
+                else:
+                    for tile in range((cnt[0] + rows - 1) // rows):
+                        for r in T.unroll(rows):
+                            tok[r] = pairs[ve, T.min(tile * rows + r, cnt[0] - 1)] // k
+                        for fo in range(I2 // F):
+                            for r in T.unroll(rows):
+                                for f in cols(F):
+                                    acc[r, f] = T.float32(0)
                             for d in range(D):
                                 for r in T.unroll(rows):
                                     for f in cols(F):
                                         acc[r, f] = acc[r, f] + h[tok[r], d] * w[ve, fo, d, f]
-                        for r in T.unroll(rows):
-                            if tile * rows + r < cnt[0]:
-                                for f in cols(F):
-                                    gu[pairs[ve, tile * rows + r] // k, pairs[ve, tile * rows + r] % k,
-                                       fo * F + f] = acc[r, f]
+                            for r in T.unroll(rows):
+                                if tile * rows + r < cnt[0]:
+                                    for f in cols(F):
+                                        gu[pairs[ve, tile * rows + r] // k, pairs[ve, tile * rows + r] % k,
+                                           fo * F + f] = acc[r, f]
 
     return kernel
 
@@ -139,6 +173,25 @@ def moe_down(E: int, I: int, Dout: int, k: int, target: str = "llvm", rows: int 
     by_table = bool(mxfp4 and lut and target == "llvm" and F in mx.LUT_LANES)
     table_row = mx.lut_row(F) if by_table else None
     NG, CB = I // mx.G, mx.CODE_BYTES
+    buffered = mxfp4 and target == "llvm"  # a decoded panel in memory: a CPU's cache
+    decode_panel = mx.panel_decoder(NG, F, by_table, cols)
+
+    @T.macro
+    def in_registers(w2, a, pr, ve, fo, acc, sc, lo, hi, cd):  # each panel row decoded once for a tile
+        for g in range(NG):
+            for f in cols(F):
+                sc[f] = mx.e8m0(T.Cast("int32", w2[ve, fo, g, CB, f]))
+            for j in range(CB):
+                if by_table:
+                    table_row(w2, ve, fo, g, j, sc, lo, hi, cd)
+                else:
+                    for f in cols(F):
+                        lo[f] = mx.e2m1(mx.low(w2[ve, fo, g, j, f])) * sc[f]
+                        hi[f] = mx.e2m1(mx.high(w2[ve, fo, g, j, f])) * sc[f]
+                for r in T.unroll(rows):
+                    for f in cols(F):
+                        acc[r, f] = acc[r, f] + a[pr[r] // k, pr[r] % k, g * mx.G + 2 * j] * lo[f]
+                        acc[r, f] = acc[r, f] + a[pr[r] // k, pr[r] % k, g * mx.G + 2 * j + 1] * hi[f]
 
     @T.prim_func(s_tir=True)
     def kernel(a_h: T.handle, w2: T.Buffer(wshape, wdtype), idx_h: T.handle, cw_h: T.handle, y_h: T.handle):
@@ -163,45 +216,57 @@ def moe_down(E: int, I: int, Dout: int, k: int, target: str = "llvm", rows: int 
                 lo = T.alloc_buffer((F,), "float32", scope="local")
                 hi = T.alloc_buffer((F,), "float32", scope="local")
                 cd = T.alloc_buffer((F,), "int32", scope="local")
+                wb = T.alloc_buffer((I if buffered else 1, F), "float32", scope="global" if buffered else "local")
                 cnt[0] = T.int64(0)
                 for p in range(N * k):
                     if idx[p // k, p % k] == T.Cast("int64", ve):
                         pairs[ve, cnt[0]] = p
                         cnt[0] = cnt[0] + 1
-                for tile in range((cnt[0] + rows - 1) // rows):
-                    for r in T.unroll(rows):
-                        pr[r] = pairs[ve, T.min(tile * rows + r, cnt[0] - 1)]
+                if mxfp4:
                     for fo in range(Dout // F):
-                        for r in T.unroll(rows):
-                            for f in cols(F):
-                                acc[r, f] = T.float32(0)
-                        if mxfp4:
-                            for g in range(NG):
+                        if buffered:
+                            if cnt[0] >= 2:  # two rows or more: decode the panel once for all of them
+                                decode_panel(w2, ve, fo, wb, sc, lo, hi, cd)
+                        for tile in range((cnt[0] + rows - 1) // rows):
+                            for r in T.unroll(rows):
+                                pr[r] = pairs[ve, T.min(tile * rows + r, cnt[0] - 1)]
+                            for r in T.unroll(rows):
                                 for f in cols(F):
-                                    sc[f] = mx.e8m0(T.Cast("int32", w2[ve, fo, g, CB, f]))
-                                for j in range(CB):
-                                    if by_table:
-                                        table_row(w2, ve, fo, g, j, sc, lo, hi, cd)
-                                    else:
-                                        for f in cols(F):
-                                            lo[f] = mx.e2m1(mx.low(w2[ve, fo, g, j, f])) * sc[f]
-                                            hi[f] = mx.e2m1(mx.high(w2[ve, fo, g, j, f])) * sc[f]
-                                    for r in T.unroll(rows):
-                                        for f in cols(F):
-                                            acc[r, f] = acc[r, f] + a[pr[r] // k, pr[r] % k, g * mx.G + 2 * j] * lo[f]
-                                            acc[r, f] = (acc[r, f]
-                                                         + a[pr[r] // k, pr[r] % k, g * mx.G + 2 * j + 1] * hi[f])
-                        else:
+                                    acc[r, f] = T.float32(0)
+                            if buffered:
+                                if cnt[0] >= 2:
+                                    for i in range(I):
+                                        for r in T.unroll(rows):
+                                            for f in cols(F):
+                                                acc[r, f] = acc[r, f] + a[pr[r] // k, pr[r] % k, i] * wb[i, f]
+                                else:
+                                    in_registers(w2, a, pr, ve, fo, acc, sc, lo, hi, cd)
+                            else:
+                                in_registers(w2, a, pr, ve, fo, acc, sc, lo, hi, cd)
+                            for r in T.unroll(rows):
+                                if tile * rows + r < cnt[0]:
+                                    for f in cols(F):
+                                        ys[pairs[ve, tile * rows + r] // k, pairs[ve, tile * rows + r] % k,
+                                           fo * F + f] = acc[r, f] * cw[pairs[ve, tile * rows + r] // k,
+                                                                        pairs[ve, tile * rows + r] % k]
+                else:
+                    for tile in range((cnt[0] + rows - 1) // rows):
+                        for r in T.unroll(rows):
+                            pr[r] = pairs[ve, T.min(tile * rows + r, cnt[0] - 1)]
+                        for fo in range(Dout // F):
+                            for r in T.unroll(rows):
+                                for f in cols(F):
+                                    acc[r, f] = T.float32(0)
                             for i in range(I):
                                 for r in T.unroll(rows):
                                     for f in cols(F):
                                         acc[r, f] = acc[r, f] + a[pr[r] // k, pr[r] % k, i] * w2[ve, fo, i, f]
-                        for r in T.unroll(rows):
-                            if tile * rows + r < cnt[0]:
-                                for f in cols(F):
-                                    ys[pairs[ve, tile * rows + r] // k, pairs[ve, tile * rows + r] % k,
-                                       fo * F + f] = acc[r, f] * cw[pairs[ve, tile * rows + r] // k,
-                                                                    pairs[ve, tile * rows + r] % k]
+                            for r in T.unroll(rows):
+                                if tile * rows + r < cnt[0]:
+                                    for f in cols(F):
+                                        ys[pairs[ve, tile * rows + r] // k, pairs[ve, tile * rows + r] % k,
+                                           fo * F + f] = acc[r, f] * cw[pairs[ve, tile * rows + r] // k,
+                                                                        pairs[ve, tile * rows + r] % k]
         for n, d in T.grid(N, Dout):
             with T.sblock("combine"):
                 vn, vd = T.axis.remap("SS", [n, d])

@@ -99,3 +99,30 @@ def lut_row(F: int):
             hi[lanes] = T.call_extern(f"float32x{F}", fn, T.shift_right(cd[lanes], T.Broadcast(4, F))) * sc[lanes]
 
     return row
+
+
+def panel_decoder(NG: int, F: int, by_table: bool, cols):
+    """The decode of one expert's panel fo, all NG groups, into wb [NG * 32, F] float32: what a
+    kernel reads when an expert holds two routed rows or more, so each weight is decoded once
+    for all of them (once per tile of rows, the arithmetic cost of the decode bound a prefill;
+    once per row, a decode step's experts routed to twice). The same values as the in-register
+    decode, so a row sums the same products in the same k order."""
+    table_row = lut_row(F) if by_table else None
+
+    @T.macro
+    def decode_panel(w, ve, fo, wb, sc, lo, hi, cd):
+        for g in range(NG):
+            for f in cols(F):
+                sc[f] = e8m0(T.Cast("int32", w[ve, fo, g, CODE_BYTES, f]))
+            for j in range(CODE_BYTES):
+                if by_table:
+                    table_row(w, ve, fo, g, j, sc, lo, hi, cd)
+                else:
+                    for f in cols(F):
+                        lo[f] = e2m1(low(w[ve, fo, g, j, f])) * sc[f]
+                        hi[f] = e2m1(high(w[ve, fo, g, j, f])) * sc[f]
+                for f in cols(F):
+                    wb[g * G + 2 * j, f] = lo[f]
+                    wb[g * G + 2 * j + 1, f] = hi[f]
+
+    return decode_panel

@@ -22,15 +22,15 @@ from ..ir import OPS, Graph, named_inputs
 
 NONNEG_OPS = {"exp", "softplus", "sigmoid", "relu", "abs", "sqrt", "rsqrt"}
 SAME_SIGN_OPS = {"reshape", "permute", "expand", "slice", "split", "concat", "stack", "cast"}
-# the ops whose TVM/Triton kernels assume their log-decay input `g` <= 0
-DECAY_OPS = frozenset({"kda", "gated_delta_rule", "chunk_prepare"})
 
 
 def decay_value(node) -> str | None:
-    """The log-decay input `g` of a `kda`, `gated_delta_rule` or gated `chunk_prepare` node, else None."""
-    if node.op not in DECAY_OPS:
+    """The log-decay input `g` (which the TVM/Triton kernels assume <= 0) of a delta-family
+    op whose gate kind decays (its spec's DeltaForm) or of a gated `chunk_prepare`, else None."""
+    form = OPS[node.op].delta
+    if node.op != "chunk_prepare" and not (form is not None and form.decays):
         return None
-    return dict(zip(OPS[node.op].tensor_inputs, node.inputs)).get("g")
+    return named_inputs(node).get("g")
 
 
 def sign_of(graph: Graph):

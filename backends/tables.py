@@ -7,7 +7,9 @@
 One contract for every backend: the walker calls `fn(ctx, node, **inputs)` with the node's
 inputs as keywords named by its op's spec (`k3c.ir.named_inputs`: a variadic input as a list,
 an absent optional one as None), and `ctx.attrs(node)` has its attributes with the defaults
-filled in. A lowering shared by several ops takes `**inputs` (in the spec's order).
+filled in. A lowering shared by several ops takes `**inputs` (in the spec's order). A
+family's lowering (`builtin_family`: the delta rules) covers each op of the family, one a
+user declares later included, and reads what varies from the op's spec.
 
 A `Lowering` holds the function and, beside it, `supports(node, graph) -> (ok, reason)`.
 Each backend reads its table (and nothing else) to lower a node and to say whether it can;
@@ -35,6 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..ir import OPS, Graph, Node
+from ..ir.ops import family
 from ..ir.types import FLOATS
 from ..registry import Registry
 
@@ -109,8 +112,36 @@ def builtin(backend: str, *ops: str, supports: Supports | None = None, kind: str
     return deco
 
 
+# backend -> [(family, make)]: a lowering of every op of an IR family (ir.ops.family), those
+# declared after the table loaded included: `load` enters each member the table lacks.
+_FAMILY_LOWERINGS: dict[str, list[tuple[str, Callable[[str], Lowering]]]] = {b: [] for b in TABLES}
+
+
+def builtin_family(backend: str, family_name: str, *, supports: Supports | None = None, kind: str,
+                   per_op: Callable[[str], dict] | None = None, **fields):
+    """Decorator for k3c's own lowering of a whole op family (the delta rules: the lowering
+    reads what varies from each op's spec): every member, present or declared later, gets
+    an entry of `fn` (`per_op(op)`: fields that name the op, such as ONNX's variants)."""
+    def deco(fn: Callable) -> Callable:
+        def make(op: str) -> Lowering:
+            return Lowering(backend, op, fn, supports, kind, **fields, **(per_op(op) if per_op else {}))
+        _FAMILY_LOWERINGS[backend].append((family_name, make))
+        _enter_members(backend)
+        return fn
+    return deco
+
+
+def _enter_members(backend: str) -> None:
+    table = _table(backend)
+    for family_name, make in _FAMILY_LOWERINGS[backend]:
+        for op in sorted(family(family_name)):
+            if op not in table:
+                table.add(op, make(op))
+
+
 def load(backend: str) -> Registry:
-    """The table of `backend` with its built-in lowerings in it."""
+    """The table of `backend` with its built-in lowerings in it (and an entry of each family
+    lowering for every member of the family declared now)."""
     table = _table(backend)
     if backend not in _loaded:
         _loaded.add(backend)  # first: the modules below register through `builtin`
@@ -120,6 +151,7 @@ def load(backend: str) -> Registry:
         except BaseException:
             _loaded.discard(backend)
             raise
+    _enter_members(backend)
     return table
 
 
@@ -156,4 +188,4 @@ def _decomposable(op: str) -> bool:
     return spec is not None and spec.decompose is not None
 
 
-__all__ = ["Lowering", "TABLES", "lowering", "builtin", "load", "find"]
+__all__ = ["Lowering", "TABLES", "lowering", "builtin", "builtin_family", "load", "find"]

@@ -153,8 +153,8 @@ def rel_rms(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def bench_kda(args) -> dict:
+    from k3c.kernels.delta.triton import chunk_kda, chunk_output, chunk_prepare, chunk_state_scan
     from k3c.kernels.kda.chunk import chunk_kda as torch_chunk_kda
-    from k3c.kernels.kda.triton import chunk_kda, chunk_output, chunk_prepare, chunk_state_scan
 
     B, T, H, K, V = 1, args.T, 16, 128, 128
     scale = K**-0.5

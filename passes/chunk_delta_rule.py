@@ -6,9 +6,11 @@
     v_new, starts, S' = chunk_state_scan(w, u, k_dec, decay, S)       # the only serial part: T/C steps
     o = chunk_output(q_dec, aqk, v_new, starts) {scale, T}             # fp32; a cast back to v's dtype
 
-gate="head" for gated_delta_rule, "none" for delta_rule. linear_attention has no WY
-transform (gate="linear"); its normaliser z rides along as an extra all-ones value column,
-so S and z share one scan, and o is the ratio of the two parts of the output:
+The gate is the op's gate kind, read from its spec (`OPS[op].delta`, ir/ops/delta_family.py):
+"head" for gated_delta_rule, "none" for delta_rule, and so for any member a user declares.
+A member with the normaliser (gate "linear": linear attention) has no WY transform; its z
+rides along as an extra all-ones value column, so S and z share one scan, and o is the ratio
+of the two parts of the output:
 
     v1 = concat(v, 1);  S1 = concat(S, z)  ->  o1, S1' as above  ->  o = o1[..., :V] / o1[..., V:]
 
@@ -32,14 +34,13 @@ by ("always", the default, or "flops").
 from __future__ import annotations
 
 from ..ir import OPS, Graph, decode_step, named_inputs
-from ..kernels.delta_chunk import DEFAULT_CHUNK_SIZE
+from ..ir.ops.delta_family import members
+from ..kernels.delta.chunk import DEFAULT_CHUNK_SIZE
 from .builder import Builder
 from .cost import binding, node_cost
 from .driver import Rule, apply_rules
 from .pattern import Match, Op
 from .registry import register_pass
-
-GATES = {"kda": "channel", "gated_delta_rule": "head", "delta_rule": "none"}
 
 
 def _base(m: Match) -> str:
@@ -58,11 +59,11 @@ def _cheaper(m: Match, b: Builder, outs: list[str]) -> list[str] | None:
 def _delta(chunk_size: int, by: str = "always"):
     def rewrite(m: Match, b: Builder) -> list[str] | None:
         node, base = m.root, _base(m)
-        x = dict(zip(OPS[node.op].tensor_inputs, node.inputs))  # q k v [g] beta state, by name
+        x = named_inputs(node)  # q k v [g] beta state, by name
         q, k, v, g, beta, state = x["q"], x["k"], x["v"], x.get("g"), x["beta"], x["state"]
         prep_in = [q, k, v, beta] + ([g] if g is not None else [])
         qd, kd, w, u, aqk, decay = b.op("chunk_prepare", prep_in, name=base, chunk_size=chunk_size,
-                                        gate=GATES[node.op])
+                                        gate=OPS[node.op].delta.gate)
         v_new, starts, state_out = b.op("chunk_state_scan", [w, u, kd, decay, state], name=base)
         o = b.op("chunk_output", [qd, aqk, v_new, starts], name=f"{base}.o", scale=node.attrs["scale"],
                  T=b.type(q).shape[1])
@@ -72,9 +73,10 @@ def _delta(chunk_size: int, by: str = "always"):
     return rewrite
 
 
-def _linear_attention(chunk_size: int, by: str = "always"):
+def _normalised(chunk_size: int, by: str = "always"):
     def rewrite(m: Match, b: Builder) -> list[str] | None:
-        q, k, v, state, z = m.root.inputs
+        x = named_inputs(m.root)
+        q, k, v, state, z = x["q"], x["k"], x["v"], x["state"], x["z"]
         base = _base(m)
         B, T, H, V = b.type(v).shape
         K = b.type(q).shape[3]
@@ -83,7 +85,7 @@ def _linear_attention(chunk_size: int, by: str = "always"):
         z1 = b.op("reshape", [z], name=f"{base}.z1", shape=[B, H, K, 1])
         s1 = b.op("concat", [state, z1], name=f"{base}.s1", dim=3)
         qd, kd, w, u, aqk, decay = b.op("chunk_prepare", [q, k, v1], name=base, chunk_size=chunk_size,
-                                        gate="linear")
+                                        gate=OPS[m.root.op].delta.gate)
         v_new, starts, s1_out = b.op("chunk_state_scan", [w, u, kd, decay, s1], name=base)
         o1 = b.op("chunk_output", [qd, aqk, v_new, starts], name=f"{base}.o1", scale=m.root.attrs["scale"], T=T)
         num = b.op("slice", [o1], name=f"{base}.num", dim=3, start=0, end=V)
@@ -103,16 +105,15 @@ def _many_tokens(m: Match) -> bool:
     return not decode_step(m.ctx.graph, named_inputs(m.root)["q"])
 
 
-CHUNKABLE = (*GATES, "linear_attention")
+def chunkable() -> tuple[str, ...]:
+    """The ops this pass chunks: every delta-family member declared now (ir/ops/delta_family.py)."""
+    return tuple(sorted(members()))
 
 
 def rules(chunk_size: int = DEFAULT_CHUNK_SIZE, keep=(), by: str = "always") -> list[Rule]:
-    out = [Rule("chunk-" + op.replace("_", "-"), Op(op, any_inputs=True), _delta(chunk_size, by), where=_many_tokens)
-           for op in GATES if op not in keep]
-    if "linear_attention" not in keep:
-        out.append(Rule("chunk-linear-attention", Op("linear_attention", any_inputs=True),
-                        _linear_attention(chunk_size, by), where=_many_tokens))
-    return out
+    return [Rule("chunk-" + op.replace("_", "-"), Op(op, any_inputs=True),
+                 (_normalised if form.normaliser else _delta)(chunk_size, by), where=_many_tokens)
+            for op, form in sorted(members().items()) if op not in keep]
 
 
 BY = ("always", "flops")
@@ -120,12 +121,13 @@ BY = ("always", "flops")
 
 @register_pass("chunk-delta-rule", chunk_size=DEFAULT_CHUNK_SIZE, keep=[], by="always")
 def chunk_delta_rule(graph: Graph, chunk_size: int = DEFAULT_CHUNK_SIZE, keep=(), by: str = "always"):
-    """Recurrent kda / gated_delta_rule / delta_rule / linear_attention -> chunked form (prefill only)."""
+    """Every recurrent delta-family op (kda, gated_delta_rule, delta_rule, linear_attention, ...) ->
+    its chunked form (prefill only)."""
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"chunk-delta-rule: chunk_size must be a positive int, got {chunk_size!r}")
     if by not in BY:
         raise ValueError(f"chunk-delta-rule: by must be one of {BY}, got {by!r}")
-    unknown = sorted(set(keep) - set(CHUNKABLE))
+    unknown = sorted(set(keep) - set(chunkable()))
     if unknown:
-        raise ValueError(f"chunk-delta-rule: keep names ops it does not chunk: {unknown}; it chunks {CHUNKABLE}")
+        raise ValueError(f"chunk-delta-rule: keep names ops it does not chunk: {unknown}; it chunks {chunkable()}")
     return apply_rules(graph, rules(chunk_size, keep, by))

@@ -22,7 +22,7 @@ import sympy
 from ..ir import OPS, Graph, Node, TensorType
 from ..ir import dims as D
 from ..ir.interpret import resolve
-from ..kernels.delta_chunk import DEFAULT_CHUNK_SIZE
+from ..kernels.delta.chunk import DEFAULT_CHUNK_SIZE
 
 COST_AT: dict[str, int] = {"B": 1, "T": 1024, "P": 1024}
 """The dim binding costs are estimated at (a dim not named here counts as 1024)."""

@@ -57,9 +57,9 @@ class OnnxBackend:
         (LinearAttention) maps, so the chunk-delta-rule pass leaves them alone."""
         if self.flavour != "ort":
             return frozenset()
-        from ...passes.chunk_delta_rule import CHUNKABLE
+        from ...passes.chunk_delta_rule import chunkable
 
-        return frozenset(op for op in CHUNKABLE if op in L.load("onnx:ort"))
+        return frozenset(op for op in chunkable() if op in L.load("onnx:ort"))
 
     def is_available(self) -> tuple[bool, str]:
         try:

@@ -16,10 +16,11 @@ from __future__ import annotations
 import sympy
 import torch
 
+from ...ir import OPS, named_inputs
 from ...ir import dims as D
-from ...ir import named_inputs
+from ...ir.ops.delta_family import FAMILY
 from ...ir.types import FLOATS
-from ..tables import builtin
+from ..tables import builtin, builtin_family
 from .builder import MS_DOMAIN, Builder, subgraph
 from .functions.attention import absorbed_query, mla_keys_values
 from .functions.conv import short_conv
@@ -47,8 +48,8 @@ def _packed(b: Builder, x: str, width: int) -> str:
 
 # ---- the delta family -> com.microsoft::LinearAttention ------------------------------------
 
-_RULES = {"kda": "gated_delta", "gated_delta_rule": "gated_delta", "delta_rule": "delta",
-          "linear_attention": "linear"}
+# LinearAttention's update_rule for each gate kind of the family (ir/ops/delta_family.py)
+_RULES = {"channel": "gated_delta", "head": "gated_delta", "none": "delta", "linear": "linear"}
 
 
 def _la_applies(node, g):
@@ -60,20 +61,22 @@ def _la_applies(node, g):
     return True, ""
 
 
-@mapping("com.microsoft::LinearAttention", *_RULES, supports=_la_applies)
+@builtin_family("onnx:ort", FAMILY, kind="`com.microsoft::LinearAttention`", supports=_la_applies,
+                floats=KERNEL_FLOATS)
 def _la_emit(lx, node, q, k, v, state, g=None, beta=None, z=None):
-    """update_rule by op; linear attention's z rides as a ones column of the state.
+    """update_rule by the op's gate kind; a normaliser z rides as a ones column of the state.
     The delta family's inputs: q k v [g] beta state, or q k v state z (linear attention)."""
+    form = OPS[node.op].delta
     outs = lx.outs(node)
     _, _, H, K = lx.type(q).shape
     V = lx.type(v).shape[3]
     q, k, v, state = lx.x(q), lx.x(k), lx.x(v), lx.x(state)
-    if node.op == "linear_attention":
+    if form.normaliser:
         _linear_attention_z(lx, q, k, v, state, lx.x(z), H, K, V, float(lx.attrs(node)["scale"]), outs)
         return
     decay, beta = (lx.x(g) if g is not None else None), lx.x(beta)
-    linear_attention(lx, q, k, v, decay, beta, state, H, K, V, _RULES[node.op], float(lx.attrs(node)["scale"]),
-                     outs[0], outs[1], per_channel=node.op == "kda")
+    linear_attention(lx, q, k, v, decay, beta, state, H, K, V, _RULES[form.gate], float(lx.attrs(node)["scale"]),
+                     outs[0], outs[1], per_channel=form.gate == "channel")
 
 
 def linear_attention(lx, q, k, v, decay, beta, state, H: int, K: int, V: int, rule: str, scale: float,

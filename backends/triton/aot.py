@@ -76,7 +76,7 @@ def check_launch_limits(seq_len: object, what: str = "seq_len") -> None:
     kernels put T / chunk in a grid's y (chunk_output's grid is (V / BV, T / C, B H)), which
     CUDA caps at 65535 blocks. One check for `k3c.compile(target=...)` and the CLI's --seq-len."""
     from ...errors import UsageError
-    from ...kernels.delta_chunk import DEFAULT_CHUNK_SIZE
+    from ...kernels.delta.chunk import DEFAULT_CHUNK_SIZE
 
     if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
         raise UsageError(f"{what} {seq_len!r}: the prefill length of an AOT compile must be an int >= 1")

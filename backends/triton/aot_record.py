@@ -47,6 +47,7 @@ class Launch:
     options: object  # the backend's options (num_warps, num_stages, ...)
     key: str
     cases: list[str] = field(default_factory=list)  # "prefill T=8192", "decode P=8192"
+    grid: list[int] = field(default_factory=list)  # the largest grid launched, per axis (x, y, z)
     callers: list[str] = field(default_factory=list)  # the generated module's calls that launched it
     launches: int = 0
 
@@ -79,7 +80,7 @@ class Recorder:
         self._binders: dict[int, object] = {}
         self.module_file: str | None = None  # the generated module's file: launches are traced to its lines
 
-    def record(self, fn: JITFunction, args: tuple, kwargs: dict) -> None:
+    def record(self, fn: JITFunction, args: tuple, kwargs: dict, grid=None) -> None:
         from triton import knobs
 
         kwargs = dict(kwargs)
@@ -97,6 +98,7 @@ class Recorder:
         if launch is None:
             launch = self.launches[key] = Launch(fn, signature, constexprs, attrs, options, key)
         launch.launches += 1
+        launch.grid = _largest(launch.grid, grid(bound) if callable(grid) else grid)
         if self.case and self.case not in launch.cases:
             launch.cases.append(self.case)
         caller = _caller(self.module_file)
@@ -111,7 +113,7 @@ class Recorder:
         saved = JITFunction.run, Autotuner.run
 
         def jit_run(fn, *args, grid=None, warmup=False, **kwargs):
-            recorder.record(fn, args, kwargs)
+            recorder.record(fn, args, kwargs, grid)
             return None
 
         def autotuner_run(tuner, *args, **kwargs):
@@ -129,10 +131,20 @@ class Recorder:
             JITFunction.run, Autotuner.run = saved
 
 
+def _largest(seen: list[int], grid) -> list[int]:
+    """The largest blocks per axis of the grids seen so far and `grid` (a launch's 1 to 3 ints;
+    None when unknown), as [x, y, z]: what CUDA's launch limits are checked against."""
+    if grid is None:
+        return seen
+    dims = [int(g) for g in (grid if isinstance(grid, (tuple, list)) else (grid,))] + [1, 1]
+    return [max(a, b) for a, b in zip(seen or [0, 0, 0], dims[:3])]
+
+
 def _caller(module_file: str | None) -> str:
     """The call of the generated module's statement that launched the kernel: the template
     (`chunk_prepare`, `gated_mlp`, ...: named as the IR op it lowers, or a fused pattern such as
-    `gated_rmsnorm`), `rt.kda` for a recurrent op, `rt.elementwise` for a generated kernel."""
+    `gated_rmsnorm`), `delta_recurrent` for a recurrent delta-family op, `rt.elementwise` for a
+    generated kernel."""
     frame = sys._getframe(2)
     while frame is not None and frame.f_code.co_filename != module_file:
         frame = frame.f_back

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ...ir import Node, named_inputs
+from ...ir import OPS, Node, named_inputs
+from ...ir.ops.delta_family import FAMILY
 from ..signs import check_decays
-from ..tables import builtin
+from ..tables import builtin, builtin_family
 from .elementwise import FLOATS
 
-KDA = "k3c.kernels.kda.triton"
+DELTA = "k3c.kernels.delta.triton"  # the delta family's kernels
 
 # op -> torch expression over the operands (for ops a generated kernel does not take)
 TORCH_ELEMENTWISE: dict[str, str] = {
@@ -150,20 +151,28 @@ def _mxfp4_experts(fn: str, attrs: tuple[str, ...] = ()) -> Callable:
     return lower
 
 
+def _delta_member(cg, node: Node, **inputs) -> str:
+    """Any delta-family op token by token: the family's recurrent kernel, told the op's gate
+    kind (its spec's, ir/ops/delta_family.py); the inputs by their names."""
+    fn = cg.use(DELTA, "recurrent", "delta_recurrent")
+    args = [f"{name}={cg.val(x)}" for name, x in inputs.items() if x is not None]
+    return f"{cg.lhs(node)} = {fn}({', '.join(args)}, scale={cg.attr(node, 'scale')}, gate={OPS[node.op].delta.gate!r})"
+
+
 def _chunk_prepare(cg, node: Node, q, k, v, beta, g) -> str:
-    fn = cg.use(KDA, "chunk_prepare")
+    fn = cg.use(DELTA, "chunk_prepare")
     args = [cg.val(x) if x is not None else "None" for x in (q, k, v, beta, g)]
     return f"{cg.lhs(node)} = {fn}({', '.join(args)}, {cg.attr(node, 'chunk_size')}, {cg.attr(node, 'gate')})  # (a)"
 
 
 def _chunk_output(cg, node: Node, q_decayed, aqk, v_new, start_states) -> str:
-    fn = cg.use(KDA, "chunk_output")
+    fn = cg.use(DELTA, "chunk_output")
     args = ", ".join(cg.val(x) for x in (q_decayed, aqk, v_new, start_states))
     return f"{cg.lhs(node)} = {fn}({args}, {cg.attr(node, 'scale')}, {cg.attr(node, 'T')})  # (c)"
 
 
 def _chunk_state_scan(cg, node: Node, **inputs) -> str:
-    return _call("chunk_state_scan", KDA)(cg, node, **inputs) + "  # (b)"
+    return _call("chunk_state_scan", DELTA)(cg, node, **inputs) + "  # (b)"
 
 
 _RULES: dict[str, Callable] = {
@@ -195,10 +204,6 @@ _RULES: dict[str, Callable] = {
     "gated_rms_norm": _call("gated_rmsnorm", "k3c.kernels.gated_rmsnorm.triton", attrs=("eps",)),
     "l2norm": _call("l2norm", "k3c.kernels.gated_rmsnorm.triton", attrs=("eps",)),
     "short_conv": _call("short_conv", "k3c.kernels.short_conv.triton", attrs=("activation",)),
-    "kda": _call("rt.kda", attrs=("scale",)),
-    "gated_delta_rule": _call("rt.gated_delta_rule", attrs=("scale",)),
-    "delta_rule": _call("rt.delta_rule", attrs=("scale",)),
-    "linear_attention": _call("rt.linear_attention", attrs=("scale",)),
     "chunk_prepare": _chunk_prepare,
     "chunk_state_scan": _chunk_state_scan,
     "chunk_output": _chunk_output,
@@ -221,8 +226,8 @@ _RULES: dict[str, Callable] = {
 }
 
 # Ops whose statement calls a Triton kernel template (the rest call torch or join a fused group).
-KERNEL_OPS = frozenset({"rms_norm", "gated_rms_norm", "l2norm", "short_conv", "kda", "gated_delta_rule",
-                        "delta_rule", "linear_attention", "chunk_prepare", "chunk_state_scan", "chunk_output",
+KERNEL_OPS = frozenset({"rms_norm", "gated_rms_norm", "l2norm", "short_conv", "chunk_prepare", "chunk_state_scan",
+                        "chunk_output",
                         "causal_attention", "mla_attention", "mla_attention_absorbed", "attn_res_mix", "situ",
                         "gated_mlp", "moe_gate_up", "moe_down", "moe_experts", "moe_gate_up_mxfp4", "moe_down_mxfp4",
                         "moe_experts_mxfp4"})
@@ -250,10 +255,10 @@ def _chunk_prepare_fits(node: Node, graph) -> tuple[bool, str]:
     return ok, why
 
 
-_SUPPORTS = {op: _head_dims for op in ("kda", "gated_delta_rule", "delta_rule", "linear_attention")}
-_SUPPORTS["chunk_prepare"] = _chunk_prepare_fits
+_SUPPORTS = {"chunk_prepare": _chunk_prepare_fits}
 
 for _op, _fn in _RULES.items():
     _kind = "kernel" if _op in KERNEL_OPS else "fused" if _op in FUSED_EXPR else "torch"
     # floats=None: every float dtype (the kernel templates compute in fp32 registers)
     builtin("triton", _op, kind=_kind, supports=_SUPPORTS.get(_op), expr=FUSED_EXPR.get(_op), floats=None)(_fn)
+builtin_family("triton", FAMILY, kind="kernel", supports=_head_dims, floats=None)(_delta_member)

@@ -1,6 +1,6 @@
 """Lowerings of the chunked delta-rule ops (`chunk_prepare`, `chunk_state_scan`, `chunk_output`,
 what the chunk-delta-rule pass makes of a prefill) to the TensorIR kernels of
-k3c.kernels.kda.tvm.chunk, in the `tvm` table of k3c.backends.tables.
+k3c.kernels.delta.tvm.chunk, in the `tvm` table of k3c.backends.tables.
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 from tvm import relax
 
 from ...ir import Node
-from ...kernels.kda.tvm import chunk
+from ...kernels.delta.tvm import chunk
 from .context import LowerContext
 from .dims import static_int
 from .kernel_ops import tir
@@ -32,7 +32,7 @@ def prepare(ctx: LowerContext, q, k, v, beta, g, *, gate: str, C: int, H: int, K
     ck = [B, H, NC, C, K]
     gates = ctx.kernel(("chunk_gates", gate, H, K, C), lambda: chunk.chunk_gates(H, K, C, gate, ctx.target),
                        chunk.SCHEDULES)
-    G64 = relax.TensorType([B, H, NC, C, KD], "float64")  # cumulative gates (kernels/kda/tvm/common.py)
+    G64 = relax.TensorType([B, H, NC, C, KD], "float64")  # cumulative gates (kernels/delta/tvm/common.py)
     qd, kd, kw, G, dl = ctx.call_tir(gates, [q, k, g], [_f32(ck), _f32(ck), _f32(ck), G64,
                                                         _f32([B, H, NC, KD])])
     scores = ctx.kernel(("chunk_scores", gate, H, K, C), lambda: chunk.chunk_scores(H, K, C, gate, ctx.target),

@@ -15,14 +15,15 @@ from __future__ import annotations
 import sympy
 from tvm import relax, tirx
 
+from ...ir import OPS, named_inputs
 from ...ir import dims as D
-from ...ir import named_inputs
+from ...ir.ops.delta_family import FAMILY
 from ...kernels.attention.tvm import KEY_BLOCK, causal_attention
 from ...kernels.attention.tvm import SCHEDULES as ATTN_SCHEDULES
 from ...kernels.attn_res.tvm import SCHEDULES as RES_SCHEDULES
 from ...kernels.attn_res.tvm import attn_res_mix
-from ...kernels.kda.tvm import recurrent
-from ...kernels.linear_attention.tvm import recurrent as linear_recurrent
+from ...kernels.delta.tvm import linear as linear_recurrent
+from ...kernels.delta.tvm import recurrent
 from ...kernels.moe.tvm import SCHEDULES as MOE_SCHEDULES
 from ...kernels.moe.tvm import moe_down, moe_gate_up
 from ...kernels.moe.tvm import panel as moe_panel
@@ -30,7 +31,7 @@ from ...kernels.short_conv.tvm import SCHEDULES as CONV_SCHEDULES
 from ...kernels.short_conv.tvm import short_conv
 from ...kernels.situ.tvm import situ
 from ..signs import check_decays
-from ..tables import builtin
+from ..tables import builtin, builtin_family
 from .context import LowerContext
 from .dims import static_int
 from .relax_ops import as_f32, decode_step, packable, packed_gemm, stored
@@ -51,16 +52,18 @@ def _rows(ctx: LowerContext, value: str, keep: int = 1):
 
 # ---------------------------------------------------------------- recurrent delta rule
 
-_GATES = {"kda": "channel", "gated_delta_rule": "head", "delta_rule": "none"}  # the decay each op applies
-
-
-def _delta_rule(ctx: LowerContext, node, q, k, v, beta, state, g=None):  # q k v [g] beta state
-    gate = _GATES[node.op]
+def _delta_member(ctx: LowerContext, node, q, k, v, state, g=None, beta=None, z=None):
+    """Any delta-family op, by the gate kind of its spec (ir/ops/delta_family.py): the recurrent
+    kernel of the delta rule (q k v [g] beta state), or of normalised linear attention (q k v state z)."""
+    form = OPS[node.op].delta
+    if form.normaliser:
+        return _linear_attention(ctx, node, q, k, v, state, z)
+    gate = form.gate
     scale, ir = ctx.attrs(node)["scale"], ctx.ir(node)
     H, K = _static(ctx, ir["q"], 2, 3)
     (V,) = _static(ctx, ir["v"], 3)
     B, T = ctx.shape(ir["q"])[:2]
-    if gate == "none":
+    if not form.decays:
         decay = R.reshape(beta, relax.ShapeExpr([B, T, H, 1]))  # unread placeholder
     else:
         decay = R.exp(g if gate == "channel" else R.reshape(g, relax.ShapeExpr([B, T, H, 1])))
@@ -267,8 +270,7 @@ def _gated_mlp(ctx: LowerContext, node, x, w):
 
 
 _RULES = {
-    **dict.fromkeys(_GATES, _delta_rule),
-    "linear_attention": _linear_attention, "short_conv": _short_conv,
+    "short_conv": _short_conv,
     "causal_attention": _causal_attention, "mla_attention": _mla_attention,
     "mla_attention_absorbed": _mla_attention_absorbed, "attn_res_mix": _attn_res_mix,
     "moe_gate_up": _moe_gate_up, "moe_down": _moe_down, "moe_experts": _moe_experts,
@@ -301,3 +303,4 @@ def kernel_supports(node, graph) -> tuple[bool, str]:
 
 for _op, _fn in _RULES.items():
     tir(_op)(_fn)
+builtin_family("tvm", FAMILY, kind="TIR", supports=kernel_supports, floats=KERNEL_FLOATS)(_delta_member)

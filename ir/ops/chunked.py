@@ -7,7 +7,7 @@ The chunk-delta-rule pass rewrites a recurrent `kda`, `gated_delta_rule`, `delta
     chunk_state_scan (NC = ceil(T / C) sequential steps)   -> v_new, start_states, final state
     chunk_output   (parallel over chunks)                  -> o [B, T, H, V]
 
-Between them tensors are in chunk layout [B, H, NC, C, ...], fp32. References: k3c.kernels.delta_chunk.
+Between them tensors are in chunk layout [B, H, NC, C, ...], fp32. References: k3c.kernels.delta.chunk.
 """
 
 from __future__ import annotations
@@ -15,13 +15,14 @@ from __future__ import annotations
 import sympy
 import torch
 
-from ...kernels import delta_chunk as dc
+from ...kernels.delta import chunk as dc
 from .. import dims as D
 from ..types import TensorType
+from .delta_family import GATE_KINDS, DeltaForm
 from .recurrent import _fmt, _same_dims, check_qkv, check_state
 from .spec import attr, defop, expect
 
-GATES = ("channel", "head", "none", "linear")
+GATES = GATE_KINDS  # the `gate` attribute: the gate kind of the op the pass chunked (delta_family.py)
 
 
 def num_chunks(T: D.Dim, C: int) -> D.Dim:
@@ -30,11 +31,12 @@ def num_chunks(T: D.Dim, C: int) -> D.Dim:
 
 def _prepare_infer(q, k, v, beta=None, g=None, *, chunk_size, gate) -> list[TensorType]:
     B, T, H, K, V = check_qkv(q, k, v)
-    if gate != "linear":
+    form = DeltaForm(gate)
+    if form.beta:
         expect(beta is not None and _same_dims(beta.shape, (B, T, H)), "beta-shape",
                f"beta must be {_fmt((B, T, H))}, got {beta}")
-    if gate in ("channel", "head"):
-        want = (B, T, H, K) if gate == "channel" else (B, T, H)
+    if form.decays:
+        want = form.g_shape(B, T, H, K)
         expect(g is not None and _same_dims(g.shape, want), "gate-shape", f"g must be {_fmt(want)}, got {g}")
     else:
         expect(g is None, "arity", f"chunk_prepare with gate={gate!r} takes no g")
@@ -43,14 +45,14 @@ def _prepare_infer(q, k, v, beta=None, g=None, *, chunk_size, gate) -> list[Tens
     f32 = "f32"
     kshape, vshape = (B, H, NC, C, K), (B, H, NC, C, V)
     return [TensorType(f32, kshape), TensorType(f32, kshape), TensorType(f32, kshape), TensorType(f32, vshape),
-            TensorType(f32, (B, H, NC, C, C)), TensorType(f32, (B, H, NC, K if gate == "channel" else 1))]
+            TensorType(f32, (B, H, NC, C, C)), TensorType(f32, (B, H, NC, form.decay_width(K)))]
 
 
 def _prepare_ref(q, k, v, beta=None, g=None, *, chunk_size, gate):
-    if gate == "linear":
+    if DeltaForm(gate).normaliser:
         p = dc.chunk_linear_prepare(q, k, v, chunk_size)
     else:
-        p = dc.chunk_delta_prepare(q, k, v, None if gate == "none" else g, beta, chunk_size)
+        p = dc.chunk_delta_prepare(q, k, v, g, beta, chunk_size, gate)
     B, H, NC, C, K = p.q_decayed.shape
     w = p.w if p.w is not None else torch.zeros_like(p.k_decayed)
     decay = p.decay_last if p.decay_last is not None else torch.ones(B, H, NC, 1)
@@ -60,9 +62,10 @@ def _prepare_ref(q, k, v, beta=None, g=None, *, chunk_size, gate):
 def _prepare_flops(ins, outs, a):
     B, H, NC, C, K = outs[0]
     V = outs[3][4]
-    if a["gate"] == "linear":
+    form = DeltaForm(a["gate"])
+    if not form.beta:
         return B * H * NC * 2 * C * C * K
-    scores = 4 * C * C * K + (8 * C * K if a["gate"] != "none" else 0)
+    scores = 4 * C * C * K + (8 * C * K if form.decays else 0)
     wy = C * C * C // 3 + 2 * C * C * K + 2 * C * C * V
     return B * H * NC * (scores + wy)
 

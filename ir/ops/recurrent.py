@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from ...kernels.delta_chunk import eager_chunk_size
+from ...kernels.delta.chunk import eager_chunk_size
 from ...kernels.delta_rule.naive import naive_recurrent_delta_rule
 from ...kernels.gated_delta_rule.naive import naive_recurrent_gated_delta_rule
 from ...kernels.kda.naive import naive_recurrent_kda
@@ -17,6 +17,7 @@ from ...kernels.linear_attention.naive import naive_recurrent_linear_attention
 from ...kernels.short_conv.naive import naive_short_conv
 from .. import dims as D
 from ..types import TensorType
+from .delta_family import DeltaForm
 from .spec import attr, defop, expect
 
 
@@ -43,24 +44,7 @@ def check_state(state: TensorType, expected: tuple, what: str = "state") -> None
            f"{what} must be f32{_fmt(expected)}, got {state}")
 
 
-def _gated_infer(q, k, v, g, beta, state, *, scale, per_channel: bool) -> list[TensorType]:
-    B, T, H, K, V = check_qkv(q, k, v)
-    g_shape = (B, T, H, K) if per_channel else (B, T, H)
-    expect(_same_dims(g.shape, g_shape), "gate-shape", f"g must be {_fmt(g_shape)}, got {g}")
-    expect(_same_dims(beta.shape, (B, T, H)), "beta-shape", f"beta must be {_fmt((B, T, H))}, got {beta}")
-    check_state(state, (B, H, K, V))
-    return [v.with_shape((B, T, H, V)), state]
-
-
 SCALE = {"scale": attr("float", lo=0, lo_open=True)}
-
-
-def _flops(per_kv: int):
-    """per_kv FLOPs per (token, head, key channel, value channel): the state update and read."""
-    def flops(ins, outs, a):
-        B, T, H, K = ins[0]
-        return per_kv * B * T * H * K * ins[2][3]
-    return flops
 
 
 def _eager(kernel: str):
@@ -74,39 +58,19 @@ def _eager(kernel: str):
     return run
 
 
-defop("kda", "q k v g beta state", "o state_out", attrs=SCALE,
-      infer=lambda q, k, v, g, beta, state, scale: _gated_infer(q, k, v, g, beta, state, scale=scale,
-                                                                per_channel=True),
+# The delta family: each member's gate kind is its DeltaForm (delta_family.py), which also
+# gives its inputs, shape rule, cost and families.
+_KDA, _GATED, _DELTA, _LINEAR = (DeltaForm(g) for g in ("channel", "head", "none", "linear"))
+defop("kda", _KDA.inputs, _KDA.outputs, delta=_KDA,
       ref=lambda q, k, v, g, beta, state, scale: naive_recurrent_kda(q, k, v, g, beta, scale, state),
-      flops=_flops(7), eager=_eager("kda"), families="recurrent delta_family",
-      doc="KDA: S = diag(exp g_t) S; S += beta_t k_t (v_t - k_t^T S)^T; o_t = scale q_t^T S")
-defop("gated_delta_rule", "q k v g beta state", "o state_out", attrs=SCALE,
-      infer=lambda q, k, v, g, beta, state, scale: _gated_infer(q, k, v, g, beta, state, scale=scale,
-                                                                per_channel=False),
+      eager=_eager("kda"), doc="KDA: S = diag(exp g_t) S; S += beta_t k_t (v_t - k_t^T S)^T; o_t = scale q_t^T S")
+defop("gated_delta_rule", _GATED.inputs, _GATED.outputs, delta=_GATED,
       ref=lambda q, k, v, g, beta, state, scale: naive_recurrent_gated_delta_rule(q, k, v, g, beta, scale,
                                                                                    state),
-      flops=_flops(7), eager=_eager("gated_delta_rule"), families="recurrent delta_family",
-      doc="KDA with one decay per head: g [B, T, H]")
-
-
-def _delta_infer(q, k, v, beta, state, *, scale) -> list[TensorType]:
-    B, T, H, K, V = check_qkv(q, k, v)
-    expect(_same_dims(beta.shape, (B, T, H)), "beta-shape", f"beta must be {_fmt((B, T, H))}, got {beta}")
-    check_state(state, (B, H, K, V))
-    return [v.with_shape((B, T, H, V)), state]
-
-
-defop("delta_rule", "q k v beta state", "o state_out", attrs=SCALE, infer=_delta_infer,
+      eager=_eager("gated_delta_rule"), doc="KDA with one decay per head: g [B, T, H]")
+defop("delta_rule", _DELTA.inputs, _DELTA.outputs, delta=_DELTA,
       ref=lambda q, k, v, beta, state, scale: naive_recurrent_delta_rule(q, k, v, beta, scale, state),
-      flops=_flops(6), eager=_eager("delta_rule"), families="recurrent delta_family",
-      doc="DeltaNet: KDA without decay")
-
-
-def _linear_infer(q, k, v, state, z, *, scale) -> list[TensorType]:
-    B, T, H, K, V = check_qkv(q, k, v)
-    check_state(state, (B, H, K, V))
-    check_state(z, (B, H, K), "normaliser z")
-    return [v.with_shape((B, T, H, V)), state, z]
+      eager=_eager("delta_rule"), doc="DeltaNet: KDA without decay")
 
 
 def _linear_ref(q, k, v, state, z, scale):
@@ -122,8 +86,7 @@ def _linear_eager(q, k, v, state, z, scale):
     return o, S, zz
 
 
-defop("linear_attention", "q k v state z", "o state_out z_out", attrs=SCALE,
-      infer=_linear_infer, ref=_linear_ref, flops=_flops(4), eager=_linear_eager, families="recurrent delta_family",
+defop("linear_attention", _LINEAR.inputs, _LINEAR.outputs, delta=_LINEAR, ref=_linear_ref, eager=_linear_eager,
       doc="S += k_t v_t^T; z += k_t; o_t = q_t^T S / q_t^T z")
 
 

@@ -29,7 +29,7 @@ from typing import Any
 
 import sympy
 
-from ...errors import ShapeError
+from ...errors import ShapeError, UsageError
 from ...registry import Registry
 from ..types import DTYPES, TensorType
 
@@ -151,6 +151,7 @@ class OpSpec:
     flops: Callable[[list, list, dict], int] | None = None
     decompose: Callable[..., list[str]] | None = None
     eager: Callable[..., Any] | None = None
+    delta: Any = None  # a delta-family member's DeltaForm (delta_family.py): its gate kind
 
     @property
     def attrs(self) -> dict[str, Any]:
@@ -204,15 +205,28 @@ OPS: Registry = Registry("op")
 
 
 def defop(name: str, inputs: str, outputs: str = "y", *, attrs: dict | None = None,
-          infer: Callable, ref: Callable, families: str = "", doc: str = "",
+          infer: Callable | None = None, ref: Callable, families: str = "", doc: str = "",
           num_outputs: Callable[[dict], int] | None = None, flops: Callable | None = None,
           decompose: Callable | None = None, eager: Callable | bool | None = None,
-          replace: bool = False) -> OpSpec:
+          replace: bool = False, delta=None) -> OpSpec:
     """Declare op `name`; `inputs`/`outputs`/`families` are space-separated names; `attrs`
-    maps each attribute to an `attr(...)` (or, for short, to its plain default)."""
+    maps each attribute to an `attr(...)` (or, for short, to its plain default). `delta`: a
+    delta-family member's `DeltaForm` (delta_family.py), which supplies the shape rule, the
+    cost, the `scale` attribute and the families unless they are given."""
+    if delta is not None:
+        from . import delta_family as df
+
+        if (inputs.split(), outputs.split()) != (delta.inputs.split(), delta.outputs.split()):
+            raise UsageError(f"delta op {name!r} with gate {delta.gate!r} takes inputs {delta.inputs!r} and "
+                             f"outputs {delta.outputs!r}, not {inputs!r} -> {outputs!r}")
+        attrs = {"scale": attr("float", lo=0, lo_open=True)} if attrs is None else attrs
+        infer, flops = infer or df.infer(delta), flops or df.flops(delta)
+        families = " ".join(dict.fromkeys(f"{families} {df.FAMILIES}".split()))
+    if infer is None:
+        raise UsageError(f"op {name!r} needs an infer rule (or delta=)")
     spec = OpSpec(name, tuple(inputs.split()), tuple(outputs.split()),
                   {k: _as_attr(v) for k, v in (attrs or {}).items()}, infer, ref, doc, num_outputs,
-                  frozenset(families.split()), flops, decompose, ref if eager is True else eager or None)
+                  frozenset(families.split()), flops, decompose, ref if eager is True else eager or None, delta)
     previous = OPS.get(name)
     OPS.add(name, spec, replace=replace)
     if spec.eager is not None:

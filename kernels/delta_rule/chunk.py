@@ -1,11 +1,11 @@
-"""The delta rule in the chunked (WY/UT) form: the shared pieces of `k3c.kernels.delta_chunk`
+"""The delta rule in the chunked (WY/UT) form: the shared pieces of `k3c.kernels.delta.chunk`
 with no gate (G = 0, so nothing decays). See README.md."""
 
 from __future__ import annotations
 
 import torch
 
-from ..delta_chunk import DEFAULT_CHUNK_SIZE, chunk_delta
+from ..delta.chunk import DEFAULT_CHUNK_SIZE, chunk_delta
 
 
 def chunk_delta_rule(
@@ -19,5 +19,5 @@ def chunk_delta_rule(
     chunk_size: int = DEFAULT_CHUNK_SIZE,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """As `chunk_kda` without g. Equals `naive_recurrent_delta_rule`."""
-    return chunk_delta(q, k, v, None, beta, scale=scale, initial_state=initial_state,
+    return chunk_delta(q, k, v, None, beta, gate="none", scale=scale, initial_state=initial_state,
                        chunk_size=chunk_size)

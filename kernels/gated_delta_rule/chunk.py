@@ -1,12 +1,12 @@
 """The gated delta rule in the chunked (WY/UT) form: the shared pieces of
-`k3c.kernels.delta_chunk` with one gate per head, whose pairwise decay is a [C, C] matrix
+`k3c.kernels.delta.chunk` with one gate per head, whose pairwise decay is a [C, C] matrix
 (no per-channel [C, C, K] work). See README.md."""
 
 from __future__ import annotations
 
 import torch
 
-from ..delta_chunk import DEFAULT_CHUNK_SIZE, chunk_delta
+from ..delta.chunk import DEFAULT_CHUNK_SIZE, chunk_delta
 
 
 def chunk_gated_delta_rule(
@@ -21,5 +21,5 @@ def chunk_gated_delta_rule(
     chunk_size: int = DEFAULT_CHUNK_SIZE,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """g [B, T, H] (<= 0); otherwise as `chunk_kda`. Equals `naive_recurrent_gated_delta_rule`."""
-    return chunk_delta(q, k, v, g, beta, scale=scale, initial_state=initial_state,
+    return chunk_delta(q, k, v, g, beta, gate="head", scale=scale, initial_state=initial_state,
                        chunk_size=chunk_size)

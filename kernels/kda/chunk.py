@@ -1,11 +1,11 @@
-"""KDA in the chunked (WY/UT) form: the shared pieces of `k3c.kernels.delta_chunk` with a
+"""KDA in the chunked (WY/UT) form: the shared pieces of `k3c.kernels.delta.chunk` with a
 per-channel gate. See README.md for the math and which function is which piece."""
 
 from __future__ import annotations
 
 import torch
 
-from ..delta_chunk import DEFAULT_CHUNK_SIZE, chunk_delta
+from ..delta.chunk import DEFAULT_CHUNK_SIZE, chunk_delta
 
 
 def chunk_kda(
@@ -24,5 +24,5 @@ def chunk_kda(
 
     Equals `naive_recurrent_kda`; any T (padded to a multiple of chunk_size inside).
     """
-    return chunk_delta(q, k, v, g, beta, scale=scale, initial_state=initial_state,
+    return chunk_delta(q, k, v, g, beta, gate="channel", scale=scale, initial_state=initial_state,
                        chunk_size=chunk_size)

@@ -1,12 +1,12 @@
 """Normalised linear attention in chunked form: no WY transform (A = I, beta = 1, nothing
 subtracted), the normaliser z carried as an extra all-ones value column, so S and z share
-one scan. Uses the pieces of `k3c.kernels.delta_chunk`; see README.md."""
+one scan. Uses the pieces of `k3c.kernels.delta.chunk`; see README.md."""
 
 from __future__ import annotations
 
 import torch
 
-from ..delta_chunk import DEFAULT_CHUNK_SIZE, chunk_linear_prepare, chunk_output, chunk_state_scan
+from ..delta.chunk import DEFAULT_CHUNK_SIZE, chunk_linear_prepare, chunk_output, chunk_state_scan
 
 
 def chunk_linear_attention(

@@ -7,8 +7,8 @@ import pytest
 import torch
 from kernel_inputs import delta_inputs, randn
 
-from k3c.kernels import delta_chunk as dc
 from k3c.kernels import kda
+from k3c.kernels.delta import chunk as dc
 from k3c.numerics import assert_close
 
 
@@ -43,7 +43,7 @@ def test_forward_substitution_inverts(C, block):
 def test_pieces_shapes_and_start_states(T, C):
     """Start state n of the scan is the recurrent state after n * C steps."""
     x = delta_inputs(T, gate="channel", with_state=True)
-    p = dc.chunk_delta_prepare(x.q, x.k, x.v, x.g, x.beta, C)
+    p = dc.chunk_delta_prepare(x.q, x.k, x.v, x.g, x.beta, C, "channel")
     B, _, H, K = x.q.shape
     V, NC = x.v.shape[-1], -(-T // C)
     assert p.w.shape == p.q_decayed.shape == p.k_decayed.shape == (B, H, NC, C, K)
@@ -64,6 +64,6 @@ def test_pieces_shapes_and_start_states(T, C):
 def test_padding_leaves_the_state_alone():
     """Zero-padded steps (k = v = beta = g = 0) change nothing: T = 1 in a chunk of 64."""
     x = delta_inputs(1, gate="channel", with_state=True)
-    p = dc.chunk_delta_prepare(x.q, x.k, x.v, x.g, x.beta, 64)
+    p = dc.chunk_delta_prepare(x.q, x.k, x.v, x.g, x.beta, 64, "channel")
     assert torch.equal(p.k_decayed[:, :, :, 1:], torch.zeros_like(p.k_decayed[:, :, :, 1:]))
     assert torch.equal(p.u[:, :, :, 1:], torch.zeros_like(p.u[:, :, :, 1:]))

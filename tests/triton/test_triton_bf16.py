@@ -14,10 +14,10 @@ from k3c.kernels.attention.naive import causal_attention as attention_ref
 from k3c.kernels.attention.triton import causal_attention
 from k3c.kernels.attn_res.naive import attn_res_mix as attn_res_ref
 from k3c.kernels.attn_res.triton import attn_res_mix
+from k3c.kernels.delta.triton import chunk_kda, fused_recurrent
 from k3c.kernels.gated_rmsnorm.naive import gated_rmsnorm as gated_rmsnorm_ref
 from k3c.kernels.gated_rmsnorm.triton import gated_rmsnorm
 from k3c.kernels.kda.naive import naive_recurrent_kda
-from k3c.kernels.kda.triton import chunk_kda, fused_recurrent
 from k3c.kernels.mla.naive import mla_attention_absorbed as absorbed_ref
 from k3c.kernels.mla.triton import mla_attention_absorbed
 from k3c.kernels.moe.triton import moe_experts
@@ -44,7 +44,7 @@ def case_chunk_kda():
 
 def case_fused_recurrent():
     x = delta(3, 32, dtype=BF16, seed=1)
-    o, S = fused_recurrent(x.q, x.k, x.v, x.g, x.beta, 0.25, x.state)
+    o, S = fused_recurrent(x.q, x.k, x.v, x.g, x.beta, 0.25, x.state, gate="channel")
     o_ref, S_ref = naive_recurrent_kda(*f32(x.q, x.k, x.v, x.g, x.beta), 0.25, x.state)
     assert_close(S, S_ref, what="final state")
     return o, o_ref

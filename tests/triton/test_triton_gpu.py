@@ -38,8 +38,8 @@ def kda_inputs(B, T, H, K, V, dtype, seed=0):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_chunk_kda_at_model_head_dims(dtype):
+    from k3c.kernels.delta.triton import chunk_kda
     from k3c.kernels.kda.chunk import chunk_kda as torch_chunk_kda
-    from k3c.kernels.kda.triton import chunk_kda
 
     q, k, v, g, beta, S0 = kda_inputs(2, 1000, 4, 128, 128, dtype)
     o, S = chunk_kda(q, k, v, g, beta, scale=128**-0.5, initial_state=S0)
@@ -49,11 +49,11 @@ def test_chunk_kda_at_model_head_dims(dtype):
 
 
 def test_fused_recurrent_decode_step_at_model_head_dims():
+    from k3c.kernels.delta.triton import fused_recurrent
     from k3c.kernels.kda.naive import naive_recurrent_kda
-    from k3c.kernels.kda.triton import fused_recurrent
 
     q, k, v, g, beta, S0 = kda_inputs(8, 1, 32, 128, 128, torch.float32)
-    o, S = fused_recurrent(q, k, v, g, beta, 0.088, S0)
+    o, S = fused_recurrent(q, k, v, g, beta, 0.088, S0, gate="channel")
     o_ref, S_ref = naive_recurrent_kda(q, k, v, g, beta, 0.088, S0)
     assert_close(o, o_ref, what="o")
     assert_close(S, S_ref, what="state")
@@ -101,8 +101,8 @@ def test_attention_templates_at_model_sizes(dtype):
 
 
 def test_autotune_benchmarks_every_config_and_keeps_the_best():
-    from k3c.kernels.kda.triton import chunk_kda
-    from k3c.kernels.kda.triton.scan import chunk_state_scan_kernel
+    from k3c.kernels.delta.triton import chunk_kda
+    from k3c.kernels.delta.triton.scan import chunk_state_scan_kernel
 
     assert len(chunk_state_scan_kernel.configs) > 1
     q, k, v, g, beta, S0 = kda_inputs(1, 512, 2, 64, 64, torch.float32, seed=1)

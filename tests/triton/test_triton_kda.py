@@ -9,10 +9,10 @@ import torch
 from triton_inputs import DTYPES, HEAD_DIMS, Delta, delta
 
 from k3c.ir import OPS
+from k3c.kernels.delta.triton import chunk_delta, chunk_output, chunk_prepare, chunk_state_scan, fused_recurrent
 from k3c.kernels.delta_rule.naive import naive_recurrent_delta_rule
 from k3c.kernels.gated_delta_rule.naive import naive_recurrent_gated_delta_rule
 from k3c.kernels.kda.naive import naive_recurrent_kda
-from k3c.kernels.kda.triton import chunk_delta, chunk_output, chunk_prepare, chunk_state_scan, fused_recurrent
 from k3c.numerics import assert_close
 
 SCALE = 0.25
@@ -50,13 +50,14 @@ CASES = pytest.mark.parametrize("T,K,dtype", pairwise())
 @CASES
 def test_chunk_kda_equals_recurrent_definition(T, K, dtype):
     x = delta(T, K, dtype=dtype)
-    check(chunk_delta(x.q, x.k, x.v, x.g, x.beta, scale=SCALE, initial_state=x.state), x, "channel", "chunk_kda")
+    check(chunk_delta(x.q, x.k, x.v, x.g, x.beta, gate="channel", scale=SCALE, initial_state=x.state), x, "channel",
+          "chunk_kda")
 
 
 @CASES
 def test_fused_recurrent_kda_equals_definition(T, K, dtype):
     x = delta(T, K, dtype=dtype, seed=1)
-    check(fused_recurrent(x.q, x.k, x.v, x.g, x.beta, SCALE, x.state), x, "channel", "fused_recurrent")
+    check(fused_recurrent(x.q, x.k, x.v, x.g, x.beta, SCALE, x.state, gate="channel"), x, "channel", "fused_recurrent")
 
 
 @pytest.mark.parametrize("form", ["chunk", "recurrent"])
@@ -65,9 +66,9 @@ def test_fused_recurrent_kda_equals_definition(T, K, dtype):
 def test_delta_family_variants(T, gate, form):
     x = delta(T, 48, 32, gate=gate, seed=2)
     if form == "chunk":
-        out = chunk_delta(x.q, x.k, x.v, x.g, x.beta, scale=SCALE, initial_state=x.state)
+        out = chunk_delta(x.q, x.k, x.v, x.g, x.beta, gate=gate, scale=SCALE, initial_state=x.state)
     else:
-        out = fused_recurrent(x.q, x.k, x.v, x.g, x.beta, SCALE, x.state)
+        out = fused_recurrent(x.q, x.k, x.v, x.g, x.beta, SCALE, x.state, gate=gate)
     check(out, x, gate, f"{gate} {form}")
 
 
@@ -76,23 +77,24 @@ def test_strong_decay_stays_finite_and_exact(chunk_size):
     """Gates of -5 to -25 per step: exp(G_i - G_j) spans e^-1600 within a chunk; factoring
     it as exp(G_i) exp(-G_j) would overflow. Every factor the kernels form is <= 1."""
     x = delta(65, 32, gate="channel", strong=True, seed=3)
-    check(chunk_delta(x.q, x.k, x.v, x.g, x.beta, scale=SCALE, initial_state=x.state, chunk_size=chunk_size),
+    check(chunk_delta(x.q, x.k, x.v, x.g, x.beta, gate="channel", scale=SCALE, initial_state=x.state,
+                      chunk_size=chunk_size),
           x, "channel", "strong decay")
 
 
 def test_split_resume_equals_one_call():
     x = delta(65, 32, gate="channel", seed=4)
-    o1, S1 = chunk_delta(x.q[:, :40], x.k[:, :40], x.v[:, :40], x.g[:, :40], x.beta[:, :40], scale=SCALE,
-                         initial_state=x.state)
+    o1, S1 = chunk_delta(x.q[:, :40], x.k[:, :40], x.v[:, :40], x.g[:, :40], x.beta[:, :40], gate="channel",
+                         scale=SCALE, initial_state=x.state)
     y = x.cut(40, 65, S1)
-    o2, S2 = fused_recurrent(y.q, y.k, y.v, y.g, y.beta, SCALE, y.state)
+    o2, S2 = fused_recurrent(y.q, y.k, y.v, y.g, y.beta, SCALE, y.state, gate="channel")
     check((torch.cat([o1, o2], 1), S2), x, "channel", "chunk then recurrent")
 
 
 @pytest.mark.parametrize("gate", ["channel", "head", "none", "linear"])
 def test_each_piece_equals_its_ir_reference(gate):
     """(a), (b), (c) one by one against the references of chunk_prepare, chunk_state_scan and
-    chunk_output (k3c.kernels.delta_chunk), fed the reference's own inputs."""
+    chunk_output (k3c.kernels.delta.chunk), fed the reference's own inputs."""
     x = delta(65, 48, 32, gate="none" if gate == "linear" else gate, seed=5)
     beta = None if gate == "linear" else x.beta
     args = [x.q, x.k, x.v] + ([] if gate == "linear" else [beta]) + ([x.g] if x.g is not None else [])

@@ -24,6 +24,7 @@ from onnx import AttributeProto
 from onnx import helper as oh
 
 from ....ir import OPS
+from ....registry import Registry
 from ..builder import DOMAIN, OPSET, Builder, Ref
 
 
@@ -37,17 +38,19 @@ class FunctionDef:
     doc: str
 
 
-FUNCTIONS: dict[str, FunctionDef] = {}
+# A Registry (k3c.registry): the functions of a delta-family op a user declares inside a
+# `scope()` (recurrent.py makes one per member) go when the scope ends, as the op does.
+FUNCTIONS: Registry = Registry("k3c function")
 
 
-def function(name: str, inputs: str, outputs: str, attrs: dict[str, str] | None = None, doc: str = ""):
+def function(name: str, inputs: str, outputs: str, attrs: dict[str, str] | None = None, doc: str = "",
+             builtin: bool = True, replace: bool = False):
     """Register `body` as the k3c-domain op `name` (inputs/outputs: space-separated names)."""
 
     def register(body: Callable) -> Callable:
-        if name in FUNCTIONS:
-            raise ValueError(f"k3c function {name!r} registered twice")
-        FUNCTIONS[name] = FunctionDef(name, tuple(inputs.split()), tuple(outputs.split()), dict(attrs or {}),
-                                      body, doc or (body.__doc__ or "").strip().splitlines()[0])
+        FUNCTIONS.add(name, FunctionDef(name, tuple(inputs.split()), tuple(outputs.split()), dict(attrs or {}),
+                                        body, doc or (body.__doc__ or "").strip().splitlines()[0]),
+                      replace=replace, builtin=builtin)
         return body
 
     return register

@@ -1,6 +1,6 @@
 """Bodies of the chunked delta rule: `chunk_prepare_{channel,head,none,linear}`,
 `chunk_state_scan` and `chunk_output` (the IR's chunk_prepare / chunk_state_scan /
-chunk_output, k3c.kernels.delta_chunk in ONNX).
+chunk_output, k3c.kernels.delta.chunk in ONNX).
 
 Between the pieces tensors are in chunk layout [B, H, NC, C, ...] with NC = ceil(T / C)
 computed at run time, so one artifact serves every T. The WY/UT transform
@@ -15,7 +15,7 @@ from ..builder import INT64_MAX, Builder, loop_counter, subgraph
 from . import function, op_function
 
 F32, F64 = 1, 11  # ONNX TensorProto element types
-LOG_FLOOR = -87.0  # as k3c.kernels.delta_chunk: decays floored at e^-87, the bottom of fp32's normal range
+LOG_FLOOR = -87.0  # as k3c.kernels.delta.chunk: decays floored at e^-87, the bottom of fp32's normal range
 
 
 def decay_exp(b: Builder, x: str) -> str:
@@ -89,7 +89,7 @@ def causal_matmul(b: Builder, A: str, x: str, C: str) -> str:
     recurrence leaves them: a MatMul multiplies the zeros above the diagonal by that NaN or inf
     (0 * NaN = NaN) and spreads it to earlier tokens of the chunk. All-finite products (the
     usual case) cost one ReduceSum; otherwise an If takes the sum over j <= i selected by Where
-    (k3c.kernels.delta_chunk.causal_matmul, in ONNX)."""
+    (k3c.kernels.delta.chunk.causal_matmul, in ONNX)."""
     y = b.MatMul(A, x)
     finite = _finite(b, y)
     t = Builder("finite_product")
@@ -137,7 +137,7 @@ def unit_lower_inverse(b: Builder, L: str, C: str) -> str:
     the inverses of the diagonal blocks of w rows give those of 2w rows,
     [[T11, 0], [T21, T22]] with T21 = -T22 L21 T11, from w = 1 (all blocks of a level at
     once, a Loop of log2 P levels for C padded to the power of two P). The same algebra as
-    the blocked forward substitution of k3c.kernels.delta_chunk, in log2 C steps instead of
+    the blocked forward substitution of k3c.kernels.delta.chunk, in log2 C steps instead of
     C rows; never a general inverse."""
     one = b.ints([1])
     lead = b.Shape(L, end=3)  # [B, H, NC]

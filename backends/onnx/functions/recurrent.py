@@ -12,8 +12,12 @@ linear attention: S += k_t v_t^T, z += k_t, o_t = (q_t^T S) / (q_t^T z).
 
 from __future__ import annotations
 
+from ....ir import OPS
+from ....ir.ops.delta_family import FAMILY
+from ...tables import builtin_family
 from ..builder import Builder, subgraph
-from . import op_function
+from ..custom import BODY_FLOATS, _call
+from . import function
 
 
 def _delta_step(gate: str, scale: str):
@@ -53,25 +57,6 @@ def time_major(b: Builder, x: str, rank: int) -> str:
     return b.Transpose(x, perm=[1, 0] + list(range(2, rank)))
 
 
-@op_function("kda")
-def kda(b, q, k, v, g, beta, state, scale):
-    """KDA by its recurrence (Scan over T): per-channel decay g [B, T, H, K]."""
-    return delta_scan(b, q, k, v, g, beta, state, scale, "channel")
-
-
-@op_function("gated_delta_rule")
-def gated_delta_rule(b, q, k, v, g, beta, state, scale):
-    """The gated delta rule by its recurrence (Scan over T): one decay per head g [B, T, H]."""
-    return delta_scan(b, q, k, v, g, beta, state, scale, "head")
-
-
-@op_function("delta_rule")
-def delta_rule(b, q, k, v, beta, state, scale):
-    """The delta rule by its recurrence (Scan over T): no decay."""
-    return delta_scan(b, q, k, v, None, beta, state, scale, "none")
-
-
-@op_function("linear_attention")
 def linear_attention(b, q, k, v, state, z, scale):
     """Normalised linear attention by its recurrence (Scan over T)."""
     s = Builder("linear_step")
@@ -87,3 +72,39 @@ def linear_attention(b, q, k, v, state, z, scale):
     xs = [time_major(b, x, 4) for x in (q, k, v)]
     S_out, z_out, o_all = b.op("Scan", [state, z, *xs], 3, body=body, num_scan_inputs=3)
     return time_major(b, o_all, 4), S_out, z_out
+
+
+def _member_body(gate: str):
+    """The Scan body of a delta-family member by its gate kind, with the member's inputs as
+    its parameters (the function of the op's name; a normalised one: linear_attention)."""
+    if gate == "linear":
+        return linear_attention
+    if gate == "none":
+        def body(b, q, k, v, beta, state, scale):
+            """The delta rule by its recurrence (Scan over T): no decay."""
+            return delta_scan(b, q, k, v, None, beta, state, scale, gate)
+        return body
+
+    def gated(b, q, k, v, g, beta, state, scale):
+        """A gated delta rule by its recurrence (Scan over T): g per key channel or per head."""
+        return delta_scan(b, q, k, v, g, beta, state, scale, gate)
+    return gated
+
+
+def member_function(op: str) -> dict:
+    """The function of delta-family op `op` (the body of its gate kind under the op's name, so
+    `k3c.kda` stays `k3c.kda`), registered as its table entry is made: the entry's variants."""
+    spec = OPS[op]
+    function(op, " ".join(spec.tensor_inputs), " ".join(spec.outputs), {"scale": "float"},
+             doc=spec.doc or op, builtin=False, replace=True)(_member_body(spec.delta.gate))
+    return {"variants": (op,), "variant": _own_name}
+
+
+def _own_name(node) -> str:
+    return node.op
+
+
+@builtin_family("onnx", FAMILY, kind="fn", floats=BODY_FLOATS, per_op=member_function)
+def _lower_member(lx, node, **inputs):
+    """Any delta-family op: one node of the k3c domain, the function of its own name."""
+    _call(lx, node, node.op, inputs, scale=float(lx.attrs(node)["scale"]))

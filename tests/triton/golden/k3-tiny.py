@@ -15,8 +15,8 @@ import triton
 import triton.language as tl
 
 from k3c.kernels.attn_res.triton import attn_res_mix
+from k3c.kernels.delta.triton import chunk_output, chunk_prepare, chunk_state_scan, recurrent as delta_recurrent
 from k3c.kernels.gated_rmsnorm.triton import gated_rmsnorm, l2norm, rms_norm
-from k3c.kernels.kda.triton import chunk_output, chunk_prepare, chunk_state_scan
 from k3c.kernels.mla.triton import mla_attention, mla_attention_absorbed
 from k3c.kernels.moe.triton import moe_experts
 from k3c.kernels.short_conv.triton import short_conv
@@ -506,7 +506,7 @@ def decode(W, input_ids, layers_0_S, layers_0_conv_q, layers_0_conv_k, layers_0_
     view_6 = linear_4.reshape((B, 1, 4, 32))  # models/kda_layer.py:88
     mul_3 = rt.broadcast(ew0, (B, 1, 4, 32), torch.float32, view_6, W['model.layers.0.self_attn.dt_bias.reshape'], W['model.layers.0.self_attn.A_log.exp.reshape'])  # models/kda_layer.py:92
     sigmoid_1 = rt.elementwise(ew1, (B, 1, 4), torch.float32, linear_merged_4)  # models/kda_layer.py:93
-    kda_0, kda_1 = rt.kda(mul, mul_1, view_5, mul_3, sigmoid_1, layers_0_S, 0.1767766952966369)  # models/kda_layer.py:99
+    kda_0, kda_1 = delta_recurrent(q=mul, k=mul_1, v=view_5, g=mul_3, beta=sigmoid_1, state=layers_0_S, scale=0.1767766952966369, gate='channel')  # models/kda_layer.py:99
     view_9 = linear_merged_5.reshape((B, 1, 4, 32))  # models/kda_layer.py:101
     mul_4 = gated_rmsnorm(kda_0, view_9, W['model.layers.0.self_attn.o_norm.weight'], 1e-05)  # models/kda_layer.py:101
     reshape = mul_4.reshape((B, 1, 128))  # models/kda_layer.py:102
@@ -534,7 +534,7 @@ def decode(W, input_ids, layers_0_S, layers_0_conv_q, layers_0_conv_k, layers_0_
     view_18 = linear_15.reshape((B, 1, 4, 32))  # models/kda_layer.py:88
     mul_12 = rt.broadcast(ew0, (B, 1, 4, 32), torch.float32, view_18, W['model.layers.1.self_attn.dt_bias.reshape'], W['model.layers.1.self_attn.A_log.exp.reshape'])  # models/kda_layer.py:92
     sigmoid_5 = rt.elementwise(ew1, (B, 1, 4), torch.float32, linear_11_merged_4)  # models/kda_layer.py:93
-    kda_1_0, kda_1_1 = rt.kda(mul_9, mul_10, view_17, mul_12, sigmoid_5, layers_1_S, 0.1767766952966369)  # models/kda_layer.py:99
+    kda_1_0, kda_1_1 = delta_recurrent(q=mul_9, k=mul_10, v=view_17, g=mul_12, beta=sigmoid_5, state=layers_1_S, scale=0.1767766952966369, gate='channel')  # models/kda_layer.py:99
     view_21 = linear_11_merged_5.reshape((B, 1, 4, 32))  # models/kda_layer.py:101
     mul_13 = gated_rmsnorm(kda_1_0, view_21, W['model.layers.1.self_attn.o_norm.weight'], 1e-05)  # models/kda_layer.py:101
     reshape_1 = mul_13.reshape((B, 1, 128))  # models/kda_layer.py:102
@@ -577,7 +577,7 @@ def decode(W, input_ids, layers_0_S, layers_0_conv_q, layers_0_conv_k, layers_0_
     view_31 = linear_29.reshape((B, 1, 4, 32))  # models/kda_layer.py:88
     mul_26 = rt.broadcast(ew0, (B, 1, 4, 32), torch.float32, view_31, W['model.layers.2.self_attn.dt_bias.reshape'], W['model.layers.2.self_attn.A_log.exp.reshape'])  # models/kda_layer.py:92
     sigmoid_11 = rt.elementwise(ew1, (B, 1, 4), torch.float32, linear_25_merged_4)  # models/kda_layer.py:93
-    kda_2_0, kda_2_1 = rt.kda(mul_23, mul_24, view_30, mul_26, sigmoid_11, layers_2_S, 0.1767766952966369)  # models/kda_layer.py:99
+    kda_2_0, kda_2_1 = delta_recurrent(q=mul_23, k=mul_24, v=view_30, g=mul_26, beta=sigmoid_11, state=layers_2_S, scale=0.1767766952966369, gate='channel')  # models/kda_layer.py:99
     view_34 = linear_25_merged_5.reshape((B, 1, 4, 32))  # models/kda_layer.py:101
     mul_27 = gated_rmsnorm(kda_2_0, view_34, W['model.layers.2.self_attn.o_norm.weight'], 1e-05)  # models/kda_layer.py:101
     reshape_3 = mul_27.reshape((B, 1, 128))  # models/kda_layer.py:102
@@ -656,7 +656,7 @@ def decode(W, input_ids, layers_0_S, layers_0_conv_q, layers_0_conv_k, layers_0_
     view_48 = linear_54.reshape((B, 1, 4, 32))  # models/kda_layer.py:88
     mul_51 = rt.broadcast(ew0, (B, 1, 4, 32), torch.float32, view_48, W['model.layers.4.self_attn.dt_bias.reshape'], W['model.layers.4.self_attn.A_log.exp.reshape'])  # models/kda_layer.py:92
     sigmoid_21 = rt.elementwise(ew1, (B, 1, 4), torch.float32, linear_50_merged_4)  # models/kda_layer.py:93
-    kda_3_0, kda_3_1 = rt.kda(mul_48, mul_49, view_47, mul_51, sigmoid_21, layers_4_S, 0.1767766952966369)  # models/kda_layer.py:99
+    kda_3_0, kda_3_1 = delta_recurrent(q=mul_48, k=mul_49, v=view_47, g=mul_51, beta=sigmoid_21, state=layers_4_S, scale=0.1767766952966369, gate='channel')  # models/kda_layer.py:99
     view_51 = linear_50_merged_5.reshape((B, 1, 4, 32))  # models/kda_layer.py:101
     mul_52 = gated_rmsnorm(kda_3_0, view_51, W['model.layers.4.self_attn.o_norm.weight'], 1e-05)  # models/kda_layer.py:101
     reshape_7 = mul_52.reshape((B, 1, 128))  # models/kda_layer.py:102
@@ -699,7 +699,7 @@ def decode(W, input_ids, layers_0_S, layers_0_conv_q, layers_0_conv_k, layers_0_
     view_61 = linear_68.reshape((B, 1, 4, 32))  # models/kda_layer.py:88
     mul_65 = rt.broadcast(ew0, (B, 1, 4, 32), torch.float32, view_61, W['model.layers.5.self_attn.dt_bias.reshape'], W['model.layers.5.self_attn.A_log.exp.reshape'])  # models/kda_layer.py:92
     sigmoid_27 = rt.elementwise(ew1, (B, 1, 4), torch.float32, linear_64_merged_4)  # models/kda_layer.py:93
-    kda_4_0, kda_4_1 = rt.kda(mul_62, mul_63, view_60, mul_65, sigmoid_27, layers_5_S, 0.1767766952966369)  # models/kda_layer.py:99
+    kda_4_0, kda_4_1 = delta_recurrent(q=mul_62, k=mul_63, v=view_60, g=mul_65, beta=sigmoid_27, state=layers_5_S, scale=0.1767766952966369, gate='channel')  # models/kda_layer.py:99
     view_64 = linear_64_merged_5.reshape((B, 1, 4, 32))  # models/kda_layer.py:101
     mul_66 = gated_rmsnorm(kda_4_0, view_64, W['model.layers.5.self_attn.o_norm.weight'], 1e-05)  # models/kda_layer.py:101
     reshape_9 = mul_66.reshape((B, 1, 128))  # models/kda_layer.py:102
@@ -742,7 +742,7 @@ def decode(W, input_ids, layers_0_S, layers_0_conv_q, layers_0_conv_k, layers_0_
     view_74 = linear_82.reshape((B, 1, 4, 32))  # models/kda_layer.py:88
     mul_79 = rt.broadcast(ew0, (B, 1, 4, 32), torch.float32, view_74, W['model.layers.6.self_attn.dt_bias.reshape'], W['model.layers.6.self_attn.A_log.exp.reshape'])  # models/kda_layer.py:92
     sigmoid_33 = rt.elementwise(ew1, (B, 1, 4), torch.float32, linear_78_merged_4)  # models/kda_layer.py:93
-    kda_5_0, kda_5_1 = rt.kda(mul_76, mul_77, view_73, mul_79, sigmoid_33, layers_6_S, 0.1767766952966369)  # models/kda_layer.py:99
+    kda_5_0, kda_5_1 = delta_recurrent(q=mul_76, k=mul_77, v=view_73, g=mul_79, beta=sigmoid_33, state=layers_6_S, scale=0.1767766952966369, gate='channel')  # models/kda_layer.py:99
     view_77 = linear_78_merged_5.reshape((B, 1, 4, 32))  # models/kda_layer.py:101
     mul_80 = gated_rmsnorm(kda_5_0, view_77, W['model.layers.6.self_attn.o_norm.weight'], 1e-05)  # models/kda_layer.py:101
     reshape_11 = mul_80.reshape((B, 1, 128))  # models/kda_layer.py:102

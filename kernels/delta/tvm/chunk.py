@@ -1,5 +1,5 @@
 """The chunked (WY/UT) delta rule as TensorIR kernels: the three IR ops `chunk_prepare`,
-`chunk_state_scan` and `chunk_output` (definitions: k3c.kernels.delta_chunk).
+`chunk_state_scan` and `chunk_output` (definitions: k3c.kernels.delta.chunk).
 
 `chunk_prepare` is three kernels, each parallel over (batch, head, chunk):
     chunk_gates   G = cumsum(g) in the chunk, in float64 (common.py); q exp(G),

@@ -24,8 +24,9 @@ from tvm import s_tir, tirx
 from tvm.script import tirx as T
 
 from ...common.tvm import inner_loop
+from .. import GATES as FAMILY_GATES
 
-GATES = ("channel", "head", "none")
+GATES = tuple(g for g in FAMILY_GATES if g != "linear")  # linear attention: linear.py
 
 
 def delta_recurrent(H: int, K: int, V: int, gate: str, scale: float, target: str = "llvm") -> tirx.PrimFunc:

@@ -2,7 +2,7 @@
 
     for t:  S += k_t v_t^T;  z += k_t;  o_t = (scale q_t^T S) / (scale q_t^T z)
 
-Laid out like the delta rule (k3c.kernels.kda.tvm.recurrent): one block per (batch, head)
+Laid out like the delta rule (k3c.kernels.delta.tvm.recurrent): one block per (batch, head)
 holds S [K, V] and z [K] in local memory and walks the T steps; the loops over value columns
 run as vectors (llvm) or threads (cuda).
 """
@@ -13,7 +13,7 @@ from tvm import tirx
 from tvm.script import tirx as T
 
 from ...common.tvm import inner_loop
-from ...kda.tvm.recurrent import SCHEDULES  # noqa: F401  (same (batch, head) blocks)
+from .recurrent import SCHEDULES  # noqa: F401  (same (batch, head) blocks)
 
 
 def linear_recurrent(H: int, K: int, V: int, scale: float, target: str = "llvm") -> tirx.PrimFunc:

@@ -287,18 +287,23 @@ def _gates_per_head(q: Tensor, k: Tensor, g: Tensor, C: int):
     return kk, qk, q.mul_(eG), k_w, k.mul_(rest), decay_exp_(G_last.to(f))
 
 
-def _no_gates(q: Tensor, k: Tensor, C: int):
+def _no_gates(q: Tensor, k: Tensor, g: None, C: int):
     kk = (k @ k.transpose(-1, -2)).tril(-1)
     qk = (q @ k.transpose(-1, -2)).tril()
     return kk, qk, q, k, k, None
 
 
+# the gate kinds with a WY transform (ir/ops/delta_family.py; "linear" has none: chunk_linear_prepare)
+_GATES = {"channel": _gates_per_channel, "head": _gates_per_head, "none": _no_gates}
+
+
 def chunk_delta_prepare(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor,
-                        chunk_size: int) -> DeltaChunks:
+                        chunk_size: int, gate: str) -> DeltaChunks:
     """(a) Intra-chunk preparation for the delta rule, parallel over chunks.
 
     q, k [B, T, H, K]; v [B, T, H, V]; beta [B, T, H]; g (log-decay, <= 0) per channel
-    [B, T, H, K] (KDA), per head [B, T, H] (gated delta rule) or None (delta rule).
+    [B, T, H, K] (gate "channel": KDA), per head [B, T, H] ("head": gated delta rule) or
+    None ("none": delta rule), the gate kind of the op's spec (ir/ops/delta_family.py).
     Per chunk, G = cumsum(g) and
         L   = beta_i sum_d k_i k_j exp(G_i - G_j)   (j < i)     A = (I + L)^-1 diag(beta)
         W   = A (exp(G) k),  U = A v,  Aqk = sum_d q_i k_j exp(G_i - G_j)   (j <= i)
@@ -306,14 +311,13 @@ def chunk_delta_prepare(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta:
     """
     C = chunk_size
     wide = compute_dtype(q, k, v, g, beta)
+    if gate not in _GATES:
+        raise ValueError(f"chunk_delta_prepare: gate must be one of {', '.join(_GATES)}, got {gate!r}")
+    if (g is None) != (gate == "none"):
+        raise ValueError(f"chunk_delta_prepare: gate {gate!r} {'takes no' if gate == 'none' else 'needs a'} g")
     g = None if g is None else g.to(wide)
     q, k, v, beta = (to_chunks(x, C, wide) for x in (q, k, v, beta))
-    if g is None:
-        kk, qk, q_dec, k_w, k_dec, decay_last = _no_gates(q, k, C)
-    elif g.dim() == 3:
-        kk, qk, q_dec, k_w, k_dec, decay_last = _gates_per_head(q, k, g, C)
-    else:
-        kk, qk, q_dec, k_w, k_dec, decay_last = _gates_per_channel(q, k, g, C)
+    kk, qk, q_dec, k_w, k_dec, decay_last = _GATES[gate](q, k, g, C)
     A = unit_lower_inverse_(kk.mul_(beta[..., None])).mul_(beta[..., None, :])
     return DeltaChunks(q_dec, k_dec, causal_matmul(A, k_w), causal_matmul(A, v), qk, decay_last)
 
@@ -380,13 +384,13 @@ def chunk_output(q_decayed: Tensor, aqk: Tensor, v_new: Tensor, start_states: Te
     return scale * from_chunks(o, T)
 
 
-def chunk_delta(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor, *,
+def chunk_delta(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor, *, gate: str,
                 scale: float | None = None, initial_state: Tensor | None = None,
                 chunk_size: int = DEFAULT_CHUNK_SIZE) -> tuple[Tensor, Tensor]:
     """(a), (b), (c) in a row: (o [B, T, H, V] in v's dtype, final state [B, H, K, V] fp32)."""
     T, K = q.shape[1], q.shape[-1]
     scale = K**-0.5 if scale is None else scale
-    p = chunk_delta_prepare(q, k, v, g, beta, chunk_size)
+    p = chunk_delta_prepare(q, k, v, g, beta, chunk_size, gate)
     v_new, starts, S = chunk_state_scan(p.w, p.u, p.k_decayed, p.decay_last, initial_state)
     o = chunk_output(p.q_decayed, p.aqk, v_new, starts, scale, T)
     return o.to(v.dtype), S

@@ -60,17 +60,19 @@ def fused_recurrent_kernel(q, k, v, g, beta, h0, o, ht, scale, s_gb, s_gt, s_gh,
 
 def fused_recurrent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None,
                     beta: torch.Tensor | None, scale: float, state: torch.Tensor | None,
-                    out_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """q, k [B, T, H, K]; v [B, T, H, V]; g [B, T, H, K] (per channel), [B, T, H] (per head) or
-    None; beta [B, T, H] or None (no delta correction); state [B, H, K, V] fp32 or None.
-    Returns (o [B, T, H, V] in v's dtype or `out_dtype`, final state [B, H, K, V] fp32)."""
+                    out_dtype: torch.dtype | None = None, *, gate: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """q, k [B, T, H, K]; v [B, T, H, V]; g [B, T, H, K] (gate "channel"), [B, T, H] ("head") or
+    None ("none", "linear"); beta [B, T, H] or None (no delta correction); state [B, H, K, V]
+    fp32 or None. Returns (o [B, T, H, V] in v's dtype or `out_dtype`, final state fp32)."""
     check_device("fused_recurrent", q, k, v, g, beta, state)
+    if (g is not None) != (gate in ("channel", "head")):
+        raise ValueError(f"fused_recurrent: gate {gate!r} {'needs a' if g is None else 'takes no'} g")
     B, T, H, K = q.shape
     V = v.shape[-1]
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    if g is None:
+    if g is None:  # the kernel reads the gate through strides: a zero gate, stride 0 everywhere
         g = q.new_zeros(1, dtype=torch.float32).expand(B, T, H, K)
-    elif g.dim() == 3:
+    elif gate == "head":  # one decay per head: stride 0 over K
         g = g.contiguous()[..., None].expand(B, T, H, K)
     else:
         g = g.contiguous()
@@ -82,3 +84,20 @@ def fused_recurrent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.
     fused_recurrent_kernel[grid](q, k, v, g, bv, h0, o, ht, float(scale), *g.stride(), *bv.stride(), T,
                                  H=H, K=K, V=V, BK=block(K), DELTA=beta is not None)
     return o, ht
+
+
+def recurrent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None = None,
+              beta: torch.Tensor | None = None, state: torch.Tensor | None = None, z: torch.Tensor | None = None,
+              *, scale: float, gate: str):
+    """Any delta-family op token by token, by its gate kind (ir/ops/delta_family.py): the IR
+    op's inputs by name, its outputs in its order. Gate "linear" (normalised linear
+    attention): the normaliser z rides along as an all-ones value column, so S and z share
+    one recurrence (no beta, no delta correction), and o = (q S) / (q z)."""
+    if gate != "linear":
+        return fused_recurrent(q, k, v, g, beta, scale, state, gate=gate)
+    V = v.shape[-1]
+    v1 = torch.cat([v.float(), v.new_ones(*v.shape[:-1], 1, dtype=torch.float32)], dim=-1)
+    S1 = torch.cat([state.float(), z.float()[..., None]], dim=-1)
+    o1, S1 = fused_recurrent(q, k, v1, None, None, scale, S1, out_dtype=torch.float32, gate="none")
+    o = (o1[..., :V] / o1[..., V:]).to(v.dtype)
+    return o, S1[..., :V].contiguous(), S1[..., V].contiguous()

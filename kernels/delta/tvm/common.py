@@ -11,8 +11,7 @@ from __future__ import annotations
 from tvm.script import tirx as T
 
 from ...common.tvm import exp_vec
-
-GATES = ("channel", "head", "none", "linear")
+from .. import GATES  # the family's gate kinds (kernels/delta)
 
 
 def _check(gate: str) -> None:
@@ -22,7 +21,7 @@ def _check(gate: str) -> None:
 
 def _decay_of(G):
     """exp(G) for a float64 cumulative gate G <= 0 (an exp that stays in vectors), floored at
-    exp(-87) = 1.6e-38 by exp_vec's clamp, as k3c.kernels.delta_chunk's LOG_FLOOR."""
+    exp(-87) = 1.6e-38 by exp_vec's clamp, as k3c.kernels.delta.chunk's LOG_FLOOR."""
     return exp_vec(T.Cast("float32", G))
 
 

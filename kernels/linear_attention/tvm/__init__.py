@@ -1,1 +1,0 @@
-"""TensorIR kernel of normalised linear attention for the TVM backend (recurrent.py)."""

@@ -2,7 +2,7 @@
 it could decode and prefill, for models too big to run here.
 
 The model is built on the meta device in its release dtypes (BF16, MXFP4 routed experts for
-K3). On a mesh the runtime runs (tp, ep, and dp with ep = dp: k3c/distributed/mesh.py) it is
+K3). On a mesh the runtime runs without pp (tp, ep, and dp with ep = dp: k3c/distributed/mesh.py) it is
 partitioned for rank 0 and its eager prefill (B = `batch`, T = `seq_len`) and one decode step
 run on meta tensors under a communicator that only counts (k3c.distributed.comm.ShapeComm,
 bytes as passes/cost.py's `sent_bytes` defines them): "per_token" and the ranks' weights are
@@ -95,10 +95,11 @@ def plan(name: str, mesh: DeployMesh | str, seq_len: int = 4096, *, dtype: str |
     item = STATE_DTYPES.get(state_dtype) if state_dtype else None
     runtime = mesh.runtime()
     weights = [rank_weights(prof, mesh, s) for s in range(mesh.pp)]
-    if runtime is not None and runtime.world > 1:
+    per_stage = None
+    if runtime is not None and runtime.world > 1 and runtime.pp == 1:
         per_token, weights[0] = _counted(model, runtime, seq_len, batch, combine)
         moe = combine_report(model, runtime, combine)
-    else:
+    else:  # arithmetic: plan-only meshes, and pp (each stage's own sends, the handover included)
         per_stage = [comm_per_token(prof, mesh, s, combine) for s in range(mesh.pp)]
         busiest = max(per_stage, key=lambda c: sum(v["bytes"] for v in c.values()))
         per_token = {"prefill": busiest, "decode": busiest}
@@ -111,6 +112,8 @@ def plan(name: str, mesh: DeployMesh | str, seq_len: int = 4096, *, dtype: str |
            "context": context, "state_dtype": state_dtype or "f32", "ranks": ranks,
            "state_bytes_per_seq": seq_state(prof, DeployMesh(), 0, context, item),
            "per_token": per_token, "moe_combine": moe}
+    if per_stage is not None and mesh.pp > 1:
+        out["per_stage"] = per_stage
     if dev is not None:
         out["estimate"] = estimate(prof, mesh, dev, concurrency, context, state_item=item,
                                    headroom=headroom, combine=combine)
@@ -131,8 +134,8 @@ def format_plan(p: dict) -> str:
     lines = [f"{p['model']} on {m['world']} ranks ({axes}{vocab}), {p['concurrency']} sequence(s) at "
              f"context {p['context']}, recurrent state {p['state_dtype']}"]
     if m.get("plan_only"):
-        lines.append("  plan-only: the runtime runs no pp, nor dp but with ep = dp; these figures are arithmetic "
-                     "(k3c/plan_roofline.py)")
+        lines.append("  plan-only: the runtime runs dp only with ep = dp, and pp only with tp; these figures are "
+                     "arithmetic (k3c/plan_roofline.py)")
     lines.append(f"  state of one sequence (whole model): {_gb(p['state_bytes_per_seq'])}")
     stages = {}
     for r in p["ranks"]:

@@ -11,9 +11,9 @@
     pp  splits the layers into pp stages of consecutive layers, one stage per group of ranks.
 
 So a stage holds tp * max(dp, ep) ranks and the world is pp times that. The runtime
-(distributed.mesh.Mesh, `runtime()`) runs tp, ep and dp with ep = dp, and k3c plan also
-counts its runs; a mesh with pp > 1 or another dp x ep shape is plan-only: its bytes and
-times are arithmetic.
+(distributed.mesh.Mesh, `runtime()`) runs tp, ep, dp with ep = dp, and pp with tp alone; k3c
+plan counts the runs without pp on the partitioned model, and prices pp (whose stage handover
+the runtime's gloo runs match) and the other shapes, which are plan-only, by arithmetic.
 
     DeployMesh.parse("dp=16,ep=16").world == 16;  DeployMesh.parse("tp=8,ep=16").world == 128
 """
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .distributed.mesh import Mesh, parse_axes
+from .distributed.mesh import Mesh, parse_axes, stage_layers
 from .errors import UsageError
 
 AXES = ("dp", "tp", "ep", "pp")
@@ -72,8 +72,8 @@ class DeployMesh:
 
     def runtime(self) -> Mesh | None:
         """The runtime mesh that lays out the ranks alike, or None where the mesh is plan-only."""
-        runs = self.pp == 1 and (self.dp == 1 or self.ep == self.dp)
-        return Mesh(self.tp, self.ep, self.vocab, self.dp) if runs else None
+        runs = (self.dp == 1 or self.ep == self.dp) and (self.pp == 1 or max(self.dp, self.ep) == 1)
+        return Mesh(self.tp, self.ep, self.vocab, self.dp, self.pp) if runs else None
 
     @property
     def plan_only(self) -> bool:
@@ -83,7 +83,7 @@ class DeployMesh:
         """The layers of each stage: consecutive, as even as they go."""
         if self.pp > layers:
             raise UsageError(f"mesh {self}: pp={self.pp} stages for {layers} layers")
-        return [range(s * layers // self.pp, (s + 1) * layers // self.pp) for s in range(self.pp)]
+        return stage_layers(layers, self.pp)
 
     def to_json(self) -> dict:
         return {"tp": self.tp, "ep": self.ep, "world": self.world, "vocab": self.vocab,

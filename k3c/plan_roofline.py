@@ -130,10 +130,11 @@ def comm_per_token(p: Profile, mesh: DeployMesh, stage: int, combine: str = "aut
         add("all_reduce", 1, sent_bytes("all_reduce", d * item, tp))
     if mesh.vocab and stage == mesh.pp - 1:
         add("all_gather", 1, sent_bytes("all_gather", cfg.vocab_size // tp * item, tp))
-    if stage < mesh.pp - 1:  # the hidden state and the AttnRes bank to the next stage
-        nxt = _stage_layers(p, mesh)[stage][-1].index + 1
+    if stage < mesh.pp - 1:  # the hidden state and the AttnRes bank to the next stage: each rank
+        nxt = _stage_layers(p, mesh)[stage][-1].index + 1  # sends its whole copy to its tp peer there
         block = cfg.attn_res_block_size
-        add("send", 1, ((math.ceil(nxt / block) + 1) if block else 1) * d * item / tp)
+        values = (math.ceil(nxt / block) + 1) if block else 1
+        add("send", values, values * d * item)
     return out
 
 

@@ -8,7 +8,8 @@
   arrives is a TimeoutError, one that fails makes the others fail too.
 
 Both count the bytes each rank sends, per primitive, as passes/cost.py's `sent_bytes` defines
-them, from the tensors actually handed over.
+them, from the tensors actually handed over; and both send and receive point-to-point (a
+pipeline stage's handover to the next: "send", the tensor's bytes once).
 """
 
 from __future__ import annotations
@@ -35,6 +36,10 @@ class _Counted:
     def _count(self, kind: str, nbytes: float, members: int) -> None:
         self.sent[kind] += sent_bytes(kind, nbytes, members)
         self.calls[kind] += 1
+
+    def _count_p2p(self, x: torch.Tensor) -> None:
+        self.sent["send"] += x.nbytes  # point-to-point: the tensor once
+        self.calls["send"] += 1
 
     def _a2a_bytes(self, x: torch.Tensor, counts: list[int], me: int, exchanged: bool) -> int:
         row = x.element_size() * math.prod(x.shape[1:])
@@ -105,6 +110,17 @@ class TorchComm(_Counted):
         self.sent["all_to_all"] += self._a2a_bytes(x, counts, me, exchanged)
         self.calls["all_to_all"] += 1
         return out, list(received)
+
+
+    def send(self, x: torch.Tensor, dst: int) -> None:
+        """Point-to-point to rank `dst` (a pipeline stage's handover); bounded by the group's timeout."""
+        x = x.contiguous()
+        self.dist.send(x, dst)
+        self._count_p2p(x)
+
+    def recv(self, buf: torch.Tensor, src: int) -> torch.Tensor:
+        self.dist.recv(buf, src)
+        return buf
 
 
 def init_process_group(rank: int, world: int, init_method: str, timeout_s: float, backend: str = "gloo") -> None:
@@ -189,6 +205,18 @@ class SimComm(_Counted):
             self.sent["all_to_all"] += self._a2a_bytes(x, counts, me, received is None)
             self.calls["all_to_all"] += 1
         return torch.cat(mine), got
+
+
+    def send(self, x: torch.Tensor, dst: int) -> None:
+        self.exchange.meet(self.rank, [self.rank, dst], x.clone())
+        self._count_p2p(x)
+
+    def recv(self, buf: torch.Tensor, src: int) -> torch.Tensor:
+        x = self.exchange.meet(self.rank, [src, self.rank], None)[0]
+        if x.shape != buf.shape or x.dtype != buf.dtype:
+            raise RuntimeError(f"rank {self.rank}: expected {buf.dtype} {list(buf.shape)} from rank {src}, "
+                               f"got {x.dtype} {list(x.shape)}")
+        return buf.copy_(x)
 
 
 class ShapeComm(_Counted):

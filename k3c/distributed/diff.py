@@ -46,7 +46,8 @@ def run_mesh(mesh_dir: Path, job: dict, world: int, simulate: bool = False, time
 
     def one(r: int) -> dict:
         rank = RankModel(mesh_dir, r, lock=lock)
-        logits, state, steps, s = _eager(rank, local_job(job, rank.mesh, r))  # the rank's job, as a model runs it
+        logits, state, steps, s = _eager(rank, local_job(job, rank.mesh, r),  # the rank's job, as launch runs it
+                                         job.get("micro_batches", 1))
         return {"logits": logits, "state": state, "decode_logits": steps, "decode_state": s}
     results, comms = run_ranks(one, world, timeout_s)
     for res, c in zip(results, comms):
@@ -54,9 +55,10 @@ def run_mesh(mesh_dir: Path, job: dict, world: int, simulate: bool = False, time
     return results
 
 
-def _eager(model: torch.nn.Module, job: dict):
+def _eager(model: torch.nn.Module, job: dict, micro: int = 1):
+    """Prefill then decode steps; `micro` > 1: a pipeline rank's prefill in pieces of rows."""
     with torch.no_grad():
-        logits, state = model.prefill(job["input_ids"])
+        logits, state = model.prefill(job["input_ids"], **({"micro_batches": micro} if micro > 1 else {}))
         steps, s = [], state
         for i in range(job["decode_ids"].shape[1]):
             lo, s = model.decode(job["decode_ids"][:, i:i + 1], s)
@@ -73,8 +75,9 @@ def compare_mesh(model: torch.nn.Module, results: list[dict], job: dict, mesh: M
         join_state([r["decode_state"] for r in results], mesh)
     B = job["input_ids"].shape[0]
     mine = [mesh.batch_rows(r, B) for r in range(len(results))]  # each rank's own sequences (dp)
-    rows = {"prefill": _worst((res["logits"], logits[m], x_logits[m]) for res, m in zip(results, mine)),
-            "decode": _worst((res["decode_logits"][i], steps[i][m], x_steps[i][m]) for res, m in zip(results, mine)
+    last = [(res, m) for res, m in zip(results, mine) if res["logits"] is not None]  # pp: the last stage
+    rows = {"prefill": _worst((res["logits"], logits[m], x_logits[m]) for res, m in last),
+            "decode": _worst((res["decode_logits"][i], steps[i][m], x_steps[i][m]) for res, m in last
                              for i in range(len(steps))),
             "state": _worst([(joined[k], state[k], x_state[k]) for k in state]
                             + [(joined_dec[k], s[k], x_s[k]) for k in s])}
@@ -85,15 +88,18 @@ def compare_mesh(model: torch.nn.Module, results: list[dict], job: dict, mesh: M
 def diff_mesh(model: torch.nn.Module, backends: list[str], mesh: Mesh | str, *, seq_len: int = 16, batch: int = 2,
               decode_steps: int = 2, out_root: str | Path | None = None, timeout_s: float = 120.0,
               simulate: bool = False, seed: int = 0, combine: str = "auto",
-              passes: str | list[str] = "default") -> dict:
+              passes: str | list[str] = "default", micro_batches: int | None = None) -> dict:
     """{"mesh": ..., "backends": {name: {"prefill", "decode", "state": {max_abs_err, rel_rms_err, ok},
-    "ok", "sent", "calls"}}}; artifacts in out_root (a temporary folder, removed, when None)."""
+    "ok", "sent", "calls"}}}; artifacts in out_root (a temporary folder, removed, when None).
+    With pp the prefill goes through the stages in `micro_batches` pieces of rows (default:
+    min(batch, pp))."""
     mesh = Mesh.parse(mesh)
     mesh.batch_rows(0, batch)  # a batch too small for the dp copies fails before any compile
     g = torch.Generator().manual_seed(seed)
     vocab = model.config.vocab_size
     ids = torch.randint(0, vocab, (batch, seq_len + decode_steps), generator=g)
-    job = {"input_ids": ids[:, :seq_len], "decode_ids": ids[:, seq_len:]}
+    job = {"input_ids": ids[:, :seq_len], "decode_ids": ids[:, seq_len:],
+           "micro_batches": micro_batches or min(batch, mesh.pp)}
     root = Path(out_root) if out_root is not None else Path(tempfile.mkdtemp(prefix="k3c-mesh-diff-"))
     report = {"model": getattr(model, "name", type(model).__name__), "mesh": mesh.to_json(), "backends": {},
               "combine": combine_report(model, mesh, combine)}
@@ -115,7 +121,8 @@ def format_report(report: dict) -> str:
     how = (", vocabulary split" if report["mesh"].get("vocab") else "") + \
         (f", routed experts combined by {c['run']}" if c else "")
     dp = f"dp={report['mesh']['dp']}, " if report["mesh"].get("dp", 1) > 1 else ""
-    lines = [f"{report['model']} on {dp}tp={report['mesh']['tp']}, ep={report['mesh']['ep']} "
+    pp = f", pp={report['mesh']['pp']}" if report["mesh"].get("pp", 1) > 1 else ""
+    lines = [f"{report['model']} on {dp}tp={report['mesh']['tp']}, ep={report['mesh']['ep']}{pp} "
              f"({report['mesh']['world']} ranks{how}) vs the one-process eager model"]
     for b, v in report["backends"].items():
         parts = [f"{k} {v[k]['max_abs_err']:.2e} / {v[k]['rel_rms_err']:.2e}" for k in ("prefill", "decode", "state")]

@@ -3,9 +3,11 @@ spawned by k3c.distributed.spawn) joins the ranks through torch.distributed (glo
 loads its rank's artifact and runs the job (its own rows of it with dp): prefill, then decode
 steps fed its own state shard.
 
-JOB is a torch.save'd dict {"input_ids": [B, T], "decode_ids": [B, n]}; OUT/rank{r}.pt gets
-{"logits", "state", "decode_logits": [...], "decode_state", "sent", "calls", "timings"}
-(seconds of prefill and decode, and of each the part in segments and in collectives).
+JOB is a torch.save'd dict {"input_ids": [B, T], "decode_ids": [B, n], "micro_batches": m
+(optional, pp: the prefill's pieces of rows)}; OUT/rank{r}.pt gets {"logits", "state",
+"decode_logits": [...], "decode_state", "sent", "calls", "timings"} (seconds of prefill and
+decode, and of each the part in segments, collectives and pipeline handovers); with pp the
+logits are None on a stage before the last and the state is the stage's entries.
 RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT come from the environment (as torchrun sets them);
 K3C_TIMEOUT_S bounds the rendezvous and every collective.
 """
@@ -43,7 +45,7 @@ def main(argv: list[str]) -> int:
         job = local_job(torch.load(job_file), model.mesh, rank)  # with dp: the rows of its copy
         with using(comm), torch.no_grad():
             t0 = time.perf_counter()
-            logits, state = model.prefill(job["input_ids"])
+            logits, state = model.prefill(job["input_ids"], job.get("micro_batches", 1))
             prefill_s = time.perf_counter() - t0
             prefill_parts = dict(model.timings)
             model.timings.clear()

@@ -19,6 +19,12 @@ plan-only (k3c/plan_mesh.py).
     mesh = Mesh.parse("tp=2,ep=2");  mesh.world == 4;  mesh.tp_group(3) == [2, 3]
     Mesh.parse("dp=2,ep=2").dp_index(1) == 1
 
+`pp` (pp=N, with tp or alone): the layers split into N stages of consecutive layers
+(`stage_layers`), one group of tp ranks each; rank r is in stage r // (tp max(dp, ep)) and its
+groups are stage 0's shifted by the stage's first rank. A stage hands its activations (and the
+AttnRes bank) to the next one by point-to-point send/recv (k3c/distributed/pipeline.py). pp
+with ep or dp is plan-only.
+
 `vocab` (written "tp=2,vocab"): the vocabulary is split over the tp group too, the embedding
 by rows (each rank looks up the ids in its range, an all_reduce sums) and the lm_head by its
 output columns (an all_gather joins the logits); without it both are replicated.
@@ -37,14 +43,18 @@ class Mesh:
     ep: int = 1
     vocab: bool = False
     dp: int = 1
+    pp: int = 1
 
     def __post_init__(self):
-        for axis, n in (("tp", self.tp), ("ep", self.ep), ("dp", self.dp)):
+        for axis, n in (("tp", self.tp), ("ep", self.ep), ("dp", self.dp), ("pp", self.pp)):
             if not isinstance(n, int) or isinstance(n, bool) or n < 1:
                 raise UsageError(f"mesh: {axis} must be a whole number >= 1, got {n!r}")
         if self.dp > 1 and self.ep not in (1, self.dp):
             raise UsageError(f"mesh {self}: the runtime runs dp with ep = dp (each copy holds E / ep experts); "
                              f"dp={self.dp},ep={self.ep} is plan-only (k3c plan)")
+        if self.pp > 1 and self.copies > 1:
+            raise UsageError(f"mesh {self}: the runtime runs pipeline stages (pp) with tp only; pp with ep or dp "
+                             f"is plan-only (k3c plan)")
 
     @staticmethod
     def parse(text: str | Mesh) -> Mesh:
@@ -52,9 +62,6 @@ class Mesh:
         if isinstance(text, Mesh):
             return text
         sizes, vocab = parse_axes(text, ("tp", "ep", "dp", "pp"))
-        if sizes.pop("pp", 1) > 1:
-            raise UsageError(f"mesh {text!r}: pipeline stages (pp) are plan-only: the runtime does not run "
-                             f"them (k3c plan --mesh ... prices them)")
         mesh = Mesh(**sizes, vocab=vocab)
         if vocab and mesh.tp == 1:
             raise UsageError(f"mesh {text!r}: 'vocab' splits the vocabulary over tp, and tp is 1")
@@ -66,13 +73,29 @@ class Mesh:
         return max(self.dp, self.ep)
 
     @property
-    def world(self) -> int:
+    def stage_ranks(self) -> int:
+        """Ranks of one pipeline stage: tp * max(dp, ep)."""
         return self.tp * self.copies
 
-    def _place(self, rank: int) -> tuple[int, int]:
+    @property
+    def world(self) -> int:
+        return self.pp * self.stage_ranks
+
+    def stage(self, rank: int) -> int:
+        """The pipeline stage `rank` runs (0 without pp)."""
         if not 0 <= rank < self.world:
             raise UsageError(f"rank {rank} is outside the mesh {self} of {self.world} ranks")
-        return divmod(rank, self.tp)
+        return rank // self.stage_ranks
+
+    def stage_mesh(self) -> Mesh:
+        """One stage's mesh (the same without pp): what each stage's ranks are partitioned by."""
+        return Mesh(self.tp, self.ep, self.vocab, self.dp)
+
+    def _place(self, rank: int) -> tuple[int, int]:
+        return divmod(rank - self.stage(rank) * self.stage_ranks, self.tp)
+
+    def _base(self, rank: int) -> int:
+        return self.stage(rank) * self.stage_ranks
 
     def coords(self, rank: int) -> tuple[int, int]:
         """(ep index, tp index) of `rank`."""
@@ -96,28 +119,41 @@ class Mesh:
 
     def tp_group(self, rank: int) -> list[int]:
         a, _ = self._place(rank)
-        return [a * self.tp + t for t in range(self.tp)]
+        return [self._base(rank) + a * self.tp + t for t in range(self.tp)]
 
     def ep_group(self, rank: int) -> list[int]:
         a, t = self._place(rank)
-        return [c * self.tp + t for c in range(self.ep)] if self.ep > 1 else [rank]
+        return [self._base(rank) + c * self.tp + t for c in range(self.ep)] if self.ep > 1 else [rank]
+
+    def stage_group(self, rank: int) -> list[int]:
+        """Every rank of `rank`'s stage (the world without pp)."""
+        return list(range(self._base(rank), self._base(rank) + self.stage_ranks))
 
     def groups(self) -> list[list[int]]:
         """Every group of more than one rank, tp groups first: what each rank process creates."""
-        tp = [self.tp_group(a * self.tp) for a in range(self.copies)] if self.tp > 1 else []
-        ep = [self.ep_group(t) for t in range(self.tp)] if self.ep > 1 else []
-        return tp + ep
+        firsts = [s * self.stage_ranks for s in range(self.pp)]
+        tp = [self.tp_group(f + a * self.tp) for f in firsts for a in range(self.copies)] if self.tp > 1 else []
+        ep = [self.ep_group(f + t) for f in firsts for t in range(self.tp)] if self.ep > 1 else []
+        stages = [self.stage_group(f) for f in firsts] if self.pp > 1 and self.stage_ranks > 1 else []
+        return tp + ep + stages
 
     def to_json(self) -> dict:
-        return {"tp": self.tp, "ep": self.ep, "dp": self.dp, "world": self.world, "vocab": self.vocab}
+        return {"tp": self.tp, "ep": self.ep, "dp": self.dp, "pp": self.pp, "world": self.world, "vocab": self.vocab}
 
     @staticmethod
     def from_json(d: dict) -> Mesh:
-        return Mesh(d["tp"], d["ep"], bool(d.get("vocab", False)), d.get("dp", 1))
+        return Mesh(d["tp"], d["ep"], bool(d.get("vocab", False)), d.get("dp", 1), d.get("pp", 1))
 
     def __str__(self) -> str:
         dp = f"dp={self.dp}," if self.dp > 1 else ""
-        return f"{dp}tp={self.tp},ep={self.ep}" + (",vocab" if self.vocab else "")
+        pp = f",pp={self.pp}" if self.pp > 1 else ""
+        return f"{dp}tp={self.tp},ep={self.ep}{pp}" + (",vocab" if self.vocab else "")
+
+
+def stage_layers(layers: int, pp: int) -> list[range]:
+    """The layers of each of `pp` stages: consecutive, as even as they go (the first stages
+    take one fewer where they do not divide)."""
+    return [range(s * layers // pp, (s + 1) * layers // pp) for s in range(pp)]
 
 
 def check_divides(mesh: Mesh, config) -> None:
@@ -125,6 +161,8 @@ def check_divides(mesh: Mesh, config) -> None:
     not divide (config-level, before any capture): a Kimi model's, or a zoo model's with heads
     (k3c/distributed/partition_zoo.py), which has no experts for ep nor a split vocabulary."""
     if getattr(config, "family", None) != "kimi":
+        if mesh.pp > 1:
+            raise UsageError(f"mesh {mesh}: pipeline stages (pp) take the Kimi family, not a {type(config).__name__}")
         return _check_zoo(mesh, config)
     tp_widths = {"KDA heads (kda_heads)": config.kda_heads, "MLA heads (mla_heads)": config.mla_heads,
                  "dense MLP width (dense_intermediate_size)": config.dense_intermediate_size,
@@ -139,6 +177,8 @@ def check_divides(mesh: Mesh, config) -> None:
     if mesh.dp > 1 and mesh.ep != mesh.dp:
         bad.append(f"dp={mesh.dp} needs ep={mesh.dp}: the data-parallel copies spread the routed experts "
                    f"over themselves (dp without ep is plan-only for a model with experts)")
+    if mesh.pp > config.num_layers:
+        bad.append(f"pp={mesh.pp} stages for {config.num_layers} layers (num_layers)")
     if bad:
         raise UsageError(f"mesh {mesh}: " + "; ".join(bad))
 

@@ -5,7 +5,8 @@ rank's entries hold its heads: the KDA state S [B, H, K, V] by head (dim 1), the
 [B, H K, W - 1] by channel (dim 1), the MLA latent cache whole on every rank (it has no head
 axis). Ranks of one tp index along the ep axis hold equal copies. With dp each copy holds the
 state of its own batch rows (Mesh.batch_rows: dim 0 of every entry), and the job it runs is
-its rows of the prompt and decode ids (`local_job`).
+its rows of the prompt and decode ids (`local_job`). With pp each stage's ranks hold the entries
+of its layers only; `join_state` joins the stages' entries into one state.
 """
 
 from __future__ import annotations
@@ -38,14 +39,15 @@ def split_state(state: dict[str, torch.Tensor], mesh: Mesh, rank: int) -> dict[s
 def join_state(states: list[dict[str, torch.Tensor]], mesh: Mesh) -> dict[str, torch.Tensor]:
     """The one-process state from the ranks' shards: each copy's tp shards joined by head (the
     ranks of tp index 0 along ep hold copies of them, so the first copy serves), then the dp
-    copies' rows stacked."""
+    copies' rows stacked; with pp each entry from the stage that holds it."""
     copies = range(mesh.dp) if mesh.dp > 1 else range(1)
     out = {}
-    for name in states[0]:
+    for name in dict.fromkeys(n for s in states for n in s):
+        first = next(r for r, s in enumerate(states) if name in s)  # with pp: the first rank of its stage
         d = split_dim(name)
         rows = []
         for a in copies:
-            parts = [states[r][name] for r in mesh.tp_group(a * mesh.tp)]
+            parts = [states[r][name] for r in mesh.tp_group(first + a * mesh.tp)]
             rows.append(parts[0] if d is None else torch.cat(parts, d))
         out[name] = torch.cat(rows, 0) if len(rows) > 1 else rows[0]
     return out

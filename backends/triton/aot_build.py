@@ -60,7 +60,8 @@ def build(launch: Launch, target: Target, cubin_dir: Path) -> dict:
     row = {"name": launch.name, "constexprs": launch.named_constexprs(),
            "num_warps": launch.options.num_warps, "num_stages": launch.options.num_stages,
            "signature": {k: v for k, v in launch.signature.items() if v != "constexpr"},
-           "launched_by": launch.callers, "cases": launch.cases, "launches": launch.launches, "target": target.name}
+           "launched_by": launch.callers, "cases": launch.cases, "launches": launch.launches, "grid": launch.grid,
+           "target": target.name}
     log = io.StringIO()
     t0, cpu0 = time.perf_counter(), _cpu_seconds()
     try:

@@ -104,7 +104,7 @@ def _build_one(i: int, tgt, cubins: Path) -> dict:
 # ---- the row cache ----------------------------------------------------------------------
 # What a row says about how the kernel was launched (cases, callers) is this run's; what the
 # compiler produced is the cache's.
-_LAUNCH_FIELDS = ("launched_by", "cases", "launches")
+_LAUNCH_FIELDS = ("launched_by", "cases", "launches", "grid")
 
 
 def _cache_dir() -> Path:
@@ -127,7 +127,8 @@ def _cache_get(launch, tgt, cubins: Path) -> dict | None:
             shutil.copyfile(base.with_suffix(".cubin"), cubins / Path(row["cubin"]).name)
     except (OSError, ValueError):
         return None
-    row.update(launched_by=launch.callers, cases=launch.cases, launches=launch.launches, cached=True)
+    row.update(launched_by=launch.callers, cases=launch.cases, launches=launch.launches, grid=launch.grid,
+               cached=True)
     return row
 
 

@@ -37,10 +37,10 @@ BK = 64  # width of the slices of the query/key dim each dot takes (q is re-read
 @triton.jit
 def cached_split_kernel(q1, q2, k1, k2, v, pos, o, part_acc, part_ml,
                         s_q1b, s_q1t, s_q1h, s_q2b, s_q2t, s_q2h, s_k1b, s_k1n, s_k1g, s_k2b, s_k2n, s_k2g,
-                        s_vb, s_vn, s_vg, s_ob, s_ot, s_oh, B, T, N, n_rows_m, scale,
+                        s_vb, s_vn, s_vg, s_ob, s_ot, s_oh, B, T, N, n_rows_m, SPLITS, scale,
                         H: tl.constexpr, G: tl.constexpr, D1: tl.constexpr, D2: tl.constexpr, DV: tl.constexpr,
                         BD1: tl.constexpr, BD2: tl.constexpr, BDV: tl.constexpr, BKD: tl.constexpr,
-                        BM: tl.constexpr, BN: tl.constexpr, SPLITS: tl.constexpr, DIRECT: tl.constexpr,
+                        BM: tl.constexpr, BN: tl.constexpr, DIRECT: tl.constexpr,
                         DOT_F32: tl.constexpr, PREC: tl.constexpr):
     HG: tl.constexpr = H // G
     # grid (B * G * row blocks, SPLITS): the large product in x (CUDA's y and z stop at 65535)
@@ -113,18 +113,20 @@ def cached_split_kernel(q1, q2, k1, k2, v, pos, o, part_acc, part_ml,
 
 
 @triton.jit
-def cached_merge_kernel(part_acc, part_ml, o, s_ob, s_ot, s_oh, T, R, H: tl.constexpr, DV: tl.constexpr,
-                        BDV: tl.constexpr, SPLITS: tl.constexpr, BS: tl.constexpr):
+def cached_merge_kernel(part_acc, part_ml, o, s_ob, s_ot, s_oh, T, R, SPLITS, H: tl.constexpr, DV: tl.constexpr,
+                        BDV: tl.constexpr):
     """One program a query row (b, t, h) of R = B T H: o = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s."""
     i_r = tl.program_id(0).to(tl.int64)
     i_b, i_t, i_h = i_r // (T * H), (i_r // H) % T, i_r % H
-    o_sp = tl.arange(0, BS).to(tl.int64)
-    b_m = tl.load(part_ml + (o_sp * R + i_r) * 2, mask=o_sp < SPLITS, other=float("-inf"))
-    b_top = tl.max(b_m, axis=0)  # finite: split 0 holds key 0, visible to every row
+    b_top = tl.load(part_ml + i_r * 2)  # finite: split 0 holds key 0, visible to every row
+    o_p = i_r + R  # int64: split s's row is s R + i_r, past 2^31 at large R
+    for _ in range(1, SPLITS):
+        b_top = tl.maximum(b_top, tl.load(part_ml + o_p * 2))
+        o_p += R
     o_dv = tl.arange(0, BDV)
     b_acc = tl.zeros([BDV], dtype=tl.float32)
     b_sum = tl.zeros([1], dtype=tl.float32)
-    o_p = i_r  # int64: split s's row is s R + i_r, past 2^31 at large R
+    o_p = i_r
     for _ in range(SPLITS):
         b_w = tl.exp(tl.load(part_ml + o_p * 2) - b_top)  # an empty split: exp(-inf) = 0, its acc is 0
         b_sum += b_w * tl.load(part_ml + o_p * 2 + 1)
@@ -134,15 +136,20 @@ def cached_merge_kernel(part_acc, part_ml, o, s_ob, s_ot, s_oh, T, R, H: tl.cons
              mask=o_dv < DV)
 
 
-def _tiles(rows: int, dv: int, fp32_dots: bool) -> tuple[int, int, int]:
-    """(BM query rows, BN keys, num_warps) of the split kernel: the rows a call has up to 64;
-    the accumulator [BM, DV] and the scores stay in registers (at DV = 512 and 8 warps,
-    32 fp32 values a thread of acc)."""
+def _tiles(rows: int, dv: int, fp32_dots: bool) -> tuple[int, int, int, int]:
+    """(BM query rows, BN keys, num_warps, num_stages) of the split kernel. Up to 64 rows and
+    keys for head widths up to 128. For absorbed MLA's 512-wide latent, what compiled for
+    sm_90 without spills at K3's shapes (tests/triton/test_triton_serving_aot.py): 32 rows
+    and 32 keys of 16-bit operands (165 registers), 16 and 16 of fp32 ones (3xTF32 keeps
+    each operand twice: 32 rows spilled 40 bytes), 8 warps, 2 stages (3 asked for more
+    shared memory than sm_90 has with fp32 operands)."""
     if INTERPRET:  # the interpreter's cost is per operation: large tiles
-        return max(16, min(64, triton.next_power_of_2(rows))), 32, 4
-    bm = max(16, min(64 if dv <= 128 else 32, triton.next_power_of_2(rows)))
-    bn = 64 if dv <= 128 and not fp32_dots else 32
-    return bm, bn, 4 if dv <= 128 else 8
+        return max(16, min(64, triton.next_power_of_2(rows))), 32, 4, 1
+    if dv > 128:
+        bm = 16 if fp32_dots else 32
+        return bm, bm, 8, 2
+    bm = max(16, min(64, triton.next_power_of_2(rows)))
+    return bm, 32 if fp32_dots else 64, 4, 3
 
 
 def choose_splits(n: int, programs: int, bn: int) -> int:
@@ -180,7 +187,7 @@ def cached_attention(q1: torch.Tensor, k1: torch.Tensor, v: torch.Tensor, positi
     q2_, k2_ = (q2, k2) if q2 is not None else (q1, k1)
     fp32_dots = dots_in_fp32(q1, k1, v)
     rows = T * (H // G)
-    BM, BN, warps = _tiles(rows, DV, fp32_dots)
+    BM, BN, warps, stages = _tiles(rows, DV, fp32_dots)
     n_rows_m = triton.cdiv(rows, BM)
     S = splits or choose_splits(N, B * G * n_rows_m, BN)
     o = q1.new_empty(B, T, H, DV, dtype=out_dtype or v.dtype)
@@ -191,12 +198,12 @@ def cached_attention(q1: torch.Tensor, k1: torch.Tensor, v: torch.Tensor, positi
         part_acc = part_ml = o
     cached_split_kernel[(B * G * n_rows_m, S)](
         q1, q2_, k1, k2_, v, positions, o, part_acc, part_ml, *_bngd(q1), *_bngd(q2_), *_bngd(k1), *_bngd(k2_),
-        *_bngd(v), *_bngd(o), B, T, N, n_rows_m, float(scale), H=H, G=G, D1=D1, D2=D2, DV=DV, BD1=block(D1),
-        BD2=block(max(D2, 1)), BDV=block(DV), BKD=min(BK, block(D1)), BM=BM, BN=BN, SPLITS=S, DIRECT=S == 1,
-        DOT_F32=fp32_dots, PREC=dot_precision(), num_warps=warps)
+        *_bngd(v), *_bngd(o), B, T, N, n_rows_m, S, float(scale), H=H, G=G, D1=D1, D2=D2, DV=DV, BD1=block(D1),
+        BD2=block(max(D2, 1)), BDV=block(DV), BKD=min(BK, block(D1)), BM=BM, BN=BN, DIRECT=S == 1,
+        DOT_F32=fp32_dots, PREC=dot_precision(), num_warps=warps, num_stages=stages)
     if S > 1:
-        cached_merge_kernel[(B * T * H,)](part_acc, part_ml, o, *_bngd(o), T, B * T * H, H=H, DV=DV, BDV=block(DV),
-                                          SPLITS=S, BS=triton.next_power_of_2(S), num_warps=4)
+        cached_merge_kernel[(B * T * H,)](part_acc, part_ml, o, *_bngd(o), T, B * T * H, S, H=H, DV=DV,
+                                          BDV=block(DV), num_warps=4)
     return o
 
 

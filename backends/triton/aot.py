@@ -86,6 +86,12 @@ def check_launch_limits(seq_len: object, what: str = "seq_len") -> None:
                          f"CUDA's launch limit of {GRID_YZ} blocks (at most {GRID_YZ * DEFAULT_CHUNK_SIZE} tokens)")
 
 
+def grid_fits(grid: list[int]) -> bool:
+    """Whether a launch grid [x, y, z] is within CUDA's limits."""
+    x, y, z = (list(grid) + [1, 1])[:3]
+    return 0 < x <= GRID_X and 0 < y <= GRID_YZ and 0 < z <= GRID_YZ
+
+
 class AotError(RuntimeError):
     """Kernels that do not compile (or could not launch): one line each, kernels.json written."""
 
@@ -117,12 +123,19 @@ class AotReport:
         """Kernels with a tt.dot whose PTX has no tensor-core instruction of this target."""
         return [k for k in self.compiled if k["dots"] and k["tensor_cores"] not in self.target.tensor_cores]
 
+    def over_grid(self) -> list[dict]:
+        """Kernels launched with a grid past CUDA's limits (x < 2^31, y and z <= 65535 blocks)."""
+        return [k for k in self.kernels if k.get("grid") and not grid_fits(k["grid"])]
+
     def errors(self) -> list[str]:
-        """What stops a kernel from running: compile failures, shared memory over the limit."""
+        """What stops a kernel from running: compile failures, shared memory over the limit,
+        grids past the launch limits."""
         out = [f"{k['name']} {_fmt(k['constexprs'])}: does not compile for {self.target.name}: "
                f"{k['error'].splitlines()[0]}" for k in self.failed()]
         out += [f"{k['name']} {_fmt(k['constexprs'])}: {k['shared_bytes']} bytes of shared memory, over "
                 f"{self.target.name}'s {self.target.shared_limit}" for k in self.over_shared()]
+        out += [f"{k['name']} {_fmt(k['constexprs'])}: grid {tuple(k['grid'])} is past CUDA's launch limits "
+                f"({GRID_X}, {GRID_YZ}, {GRID_YZ})" for k in self.over_grid()]
         return out
 
     def problems(self) -> list[str]:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from k3c.backends.triton.aot import GRID_X, GRID_YZ, TARGETS
+from k3c.backends.triton.aot import GRID_YZ, TARGETS, AotReport, grid_fits
 
 SCRIPT = Path(__file__).with_name("serving_aot_script.py")
 SERVING = {"cache_write_kernel", "cached_split_kernel", "cached_merge_kernel"}
@@ -36,8 +36,7 @@ def rows_for(target: str, out: Path, *flags: str) -> list[dict]:
 def check_grids(rows: list[dict]) -> None:
     assert {r["name"] for r in rows} >= SERVING
     for r in rows:
-        x, y, z = r["grid"]
-        assert 0 < x <= GRID_X and 0 < y <= GRID_YZ and 0 < z <= GRID_YZ, (r["name"], r["grid"], r["cases"])
+        assert grid_fits(r["grid"]), (r["name"], r["grid"], r["cases"])
     # the 1M cache is really there: a 1M-token prefill's write has a row a program
     assert max(r["grid"][0] for r in rows if r["name"] == "cache_write_kernel") == 1 << 20
     # a decode step of one sequence splits its keys (a second kernel merges them)
@@ -47,6 +46,14 @@ def check_grids(rows: list[dict]) -> None:
 
 def test_serving_kernels_grids_at_1m_context(tmp_path):
     check_grids(rows_for("sm_90", tmp_path, "--record-only"))
+
+
+def test_a_grid_past_the_limits_is_an_aot_error(tmp_path):
+    """kernels.json's grid is checked: a (1, 65536, 1) launch cannot run, (2^31 - 1, 1, 1) can."""
+    row = {"name": "k", "constexprs": {}, "ok": True, "shared_bytes": 0, "spill_bytes": 0, "local_bytes": 0}
+    report = AotReport(TARGETS["sm_90"], [{**row, "grid": [1, GRID_YZ + 1, 1]}, {**row, "grid": [2**31 - 1, 1, 1]}],
+                       tmp_path / "kernels.json")
+    assert report.errors() == ["k {}: grid (1, 65536, 1) is past CUDA's launch limits (2147483647, 65535, 65535)"]
 
 
 @pytest.mark.slow

@@ -323,7 +323,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--force", action="store_true", help="replace what --out holds, even other artifacts")
     s.add_argument("--no-bisect", action="store_true", help="do not look for the first differing node")
     s.add_argument("-v", "--verbose", action="store_true", help="one row per output and state tensor")
-    s.add_argument("--mesh", help="tp=N,ep=M: compile one artifact per rank, spawn the ranks (gloo on CPU)")
+    s.add_argument("--mesh", help="[dp=N,]tp=N,ep=M[,pp=N]: one artifact per rank, spawn the ranks (gloo on CPU)")
     cli_mesh.add_combine(s)
     _precision_args(s)
     _state_dtype_arg(s)

@@ -53,7 +53,7 @@ def add_plan(sub) -> None:
                                     "and a roofline estimate of tokens/s, on a mesh")
     s.add_argument("--model", required=True)
     s.add_argument("--mesh", required=True, help="dp=N,tp=N,ep=N,pp=N (any subset; ',vocab' splits the vocabulary "
-                                                 "over tp); pp, and dp but with ep = dp, are plan-only")
+                                                 "over tp); pp with ep or dp, and dp but with ep = dp, are plan-only")
     s.add_argument("--seq-len", type=checks.count(1), default=4096,
                    help="tokens of the counted prefill (and the context when --context is not given)")
     s.add_argument("--device", metavar="|".join(DEVICES),

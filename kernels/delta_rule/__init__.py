@@ -25,10 +25,10 @@ def delta_rule(
         return torch.ops.k3c.delta_rule(q, k, v, beta, start_state(q, v, initial_state), scale_of(q, scale))
     if chunk_size is None or nothing_to_compute(q):
         return naive_recurrent_delta_rule(q, k, v, beta, scale, initial_state)
-    from .chunk import chunk_delta_rule
+    from ..delta.chunk import chunk_delta  # the family's chunked form, for this gate kind
 
-    return chunk_delta_rule(q, k, v, beta, scale=scale, initial_state=initial_state,
-                            chunk_size=chunk_size)
+    return chunk_delta(q, k, v, None, beta, gate="none", scale=scale, initial_state=initial_state,
+                       chunk_size=chunk_size)
 
 
 __all__ = ["delta_rule", "naive_recurrent_delta_rule"]

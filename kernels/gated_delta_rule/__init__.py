@@ -26,10 +26,10 @@ def gated_delta_rule(
         return torch.ops.k3c.gated_delta_rule(q, k, v, g, beta, start_state(q, v, initial_state), scale_of(q, scale))
     if chunk_size is None or nothing_to_compute(q):
         return naive_recurrent_gated_delta_rule(q, k, v, g, beta, scale, initial_state)
-    from .chunk import chunk_gated_delta_rule
+    from ..delta.chunk import chunk_delta  # the family's chunked form, for this gate kind
 
-    return chunk_gated_delta_rule(q, k, v, g, beta, scale=scale, initial_state=initial_state,
-                                  chunk_size=chunk_size)
+    return chunk_delta(q, k, v, g, beta, gate="head", scale=scale, initial_state=initial_state,
+                       chunk_size=chunk_size)
 
 
 __all__ = ["gated_delta_rule", "naive_recurrent_gated_delta_rule"]

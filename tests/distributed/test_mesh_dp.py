@@ -73,8 +73,8 @@ def test_layout_and_refusals():
     assert all(torch.equal(joined[k], state[k]) for k in state)
     with pytest.raises(UsageError, match="dp=2,ep=4 is plan-only"):
         Mesh.parse("dp=2,ep=4")
-    with pytest.raises(UsageError, match="pipeline stages .pp. are plan-only"):
-        Mesh.parse("pp=2")
+    with pytest.raises(UsageError, match="pp with ep or dp is plan-only"):
+        Mesh.parse("dp=2,ep=2,pp=2")
     with pytest.raises(UsageError, match="dp=2 needs ep=2"):
         partition(models.build("k3-tiny", **SMALL), "dp=2", 0)
     with pytest.raises(UsageError, match="combine by all_to_all only"):

@@ -22,6 +22,7 @@ import sympy
 from ..ir import OPS, Graph, Node, TensorType
 from ..ir import dims as D
 from ..ir.interpret import resolve
+from ..ir.ops.delta_family import DeltaForm
 from ..kernels.delta.chunk import DEFAULT_CHUNK_SIZE
 
 COST_AT: dict[str, int] = {"B": 1, "T": 1024, "P": 1024}
@@ -126,7 +127,8 @@ def chunk_delta_cost(B: int, T: int, H: int, K: int, V: int, dtype: str = "bf16"
     "chunk_output": ...}, in the dtype of q, k, v (state and pieces fp32)."""
     q, v = TensorType(dtype, (B, T, H, K)), TensorType(dtype, (B, T, H, V))
     beta = TensorType("f32", (B, T, H))
-    g = [TensorType("f32", (B, T, H, K) if gate == "channel" else (B, T, H))] if gate in ("channel", "head") else []
+    form = DeltaForm(gate)
+    g = [TensorType("f32", form.g_shape(B, T, H, K))] if form.decays else []
     prep, (q_dec, k_dec, w, u, aqk, decay) = op_cost("chunk_prepare", [q, q, v, beta, *g],
                                                      {"chunk_size": chunk_size, "gate": gate})
     scan, (v_new, starts, _) = op_cost("chunk_state_scan", [w, u, k_dec, decay, TensorType("f32", (B, H, K, V))])

@@ -111,3 +111,48 @@ def test_k3c_ops_lists_them_as_kernels():
     table = k3c.backends.tables.load("triton")
     for op in ("cache_write", "causal_attention_cached", "mla_attention_absorbed_cached"):
         assert table.get(op).kind == "kernel", op
+
+
+# A served step as the module runs it: both caches written in place, then attention over them.
+STEP = """graph serve.extend {
+  dim B in [1, inf]
+  dim T in [1, 16]
+  meta {"entry": "extend", "max_context": 16}
+  input %q: f32[B, T, 4, 8]
+  input %k: f32[B, 16, 2, 8]
+  input %v: f32[B, 16, 2, 6]
+  input %k_new: f32[B, T, 2, 8]
+  input %v_new: f32[B, T, 2, 6]
+  input %positions: i64[B]
+  %k1: f32[B, 16, 2, 8] = cache_write(%k, %k_new, %positions)
+  %v1: f32[B, 16, 2, 6] = cache_write(%v, %v_new, %positions)
+  %o: f32[B, T, 4, 6] = causal_attention_cached(%q, %k1, %v1, %positions) {scale=0.35}
+  output o = %o
+  output k = %k1
+  output v = %v1
+}
+"""
+
+
+def test_module_writes_in_place_and_the_runner_checks_positions(tmp_path):
+    """The generated module against the interpreter (the ops' definitions): equal outputs, the
+    caches passed in are the caches returned (written in place), and a position that leaves
+    no room is one InputError from the runner before any kernel runs."""
+    from k3c.backends.triton import TritonBackend
+
+    graph = k3c.ir.parse(STEP)
+    backend = TritonBackend()
+    run = backend.load(backend.lower({"extend": graph}, tmp_path))
+    assert "inplace=True" in (tmp_path / "model_triton.py").read_text()
+    pos, T = _positions("extend")
+    inputs = [randn(2, T, 4, 8, seed=20), randn(2, N, 2, 8, seed=21), randn(2, N, 2, 6, seed=22),
+              randn(2, T, 2, 8, seed=23), randn(2, T, 2, 6, seed=24), pos]
+    want = k3c.ir.interpret(graph, *[x.clone() for x in inputs])
+    got = run.run("extend", *inputs)
+    for name, g, w in zip(("o", "k", "v"), got, want):
+        assert_close(g, w, what=name)
+    assert got[1] is inputs[1] and got[2] is inputs[2]
+    k = inputs[1].clone()
+    with pytest.raises(InputError, match="do not fit the caches' 16 rows"):
+        run.run("extend", *inputs[:5], torch.tensor([N - 2, 0], device=DEVICE))
+    assert torch.equal(inputs[1], k)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import torch
 
+from ....errors import InputError
 from ...common.triton import INTERPRET, block, check_device, dot_precision, dots_in_fp32
 
 import triton  # isort: skip  (after common.triton has chosen the mode)
@@ -164,7 +165,7 @@ def choose_splits(n: int, programs: int, bn: int) -> int:
 
 def _bngd(x: torch.Tensor) -> tuple[int, int, int]:
     if x.stride(-1) != 1:
-        raise ValueError("cached_attention: the last dim of every operand must be contiguous")
+        raise InputError("cached_attention: the last dim of every operand must be contiguous")
     return x.stride(0), x.stride(1), x.stride(2)
 
 
@@ -180,9 +181,12 @@ def cached_attention(q1: torch.Tensor, k1: torch.Tensor, v: torch.Tensor, positi
     check_device("cached_attention", q1, k1, v, q2, k2, positions)
     B, T, H, D1 = q1.shape
     N, G, DV = k1.shape[1], k1.shape[2], v.shape[-1]
+    if positions.dtype != torch.int64:
+        raise InputError(f"cached_attention: positions must be int64, got {positions.dtype}")
     if H % G or v.shape[:3] != k1.shape[:3] or positions.shape != (B,):
-        raise ValueError(f"cached_attention: q {tuple(q1.shape)}, k {tuple(k1.shape)}, v {tuple(v.shape)}, "
+        raise InputError(f"cached_attention: q {tuple(q1.shape)}, k {tuple(k1.shape)}, v {tuple(v.shape)}, "
                          f"positions {tuple(positions.shape)} do not fit [B, T, H, D], [B, N, G, D], [B]")
+    positions = positions.contiguous()  # the kernels read positions[b] at pos + b
     D2 = q2.shape[-1] if q2 is not None else 0
     q2_, k2_ = (q2, k2) if q2 is not None else (q1, k1)
     fp32_dots = dots_in_fp32(q1, k1, v)

@@ -65,6 +65,7 @@ def cache_write(cache: torch.Tensor, new: torch.Tensor, positions: torch.Tensor,
         raise InputError(f"cache_write: positions must be int64, got {positions.dtype}")
     if check:
         check_positions(positions, T, N)
+    positions = positions.contiguous()  # the kernel reads positions[b] at pos + b
     out = cache if inplace else cache.clone()
     C = math.prod(cache.shape[2:])
     if out.numel() and new.numel():

@@ -102,6 +102,8 @@ def test_stages_of_the_k3_tiny_decode_graph_chain_to_the_whole(pp):
         env.update({v: out[v] for v in st.send if v in out})
         held = {int(w.split(".")[2]) for w in st.graph.weights if w.startswith("model.layers.")}
         assert held == set(layers[s]), (s, held)
+        # a stage's rank has the token ids, its own layers' state and what it received: no more
+        assert all(i == "input_ids" or i in st.recv or int(i.split(".")[1]) in layers[s] for i in st.graph.inputs)
         if s < pp - 1:
             want = comm_per_token(prof, mesh, s)["send"]
             assert len(st.send) == want["count"] and st.send == stages[s + 1].recv

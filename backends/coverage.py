@@ -11,6 +11,7 @@ A cell says how the op runs on that backend, or "-" with the reason when it does
 from __future__ import annotations
 
 from ..ir.ops import OPS
+from ..ir.ops.delta_family import members
 from . import tables as L
 
 COLUMNS = ("reference", "onnx", "onnx --flavour ort", "tvm", "triton")
@@ -81,4 +82,7 @@ def text(rows=None) -> str:
     widths = [max(len(r[i]) for r in [head, *body]) for i in range(len(head))]
     lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in [head, *body]]
     forms = [f"  {t} {op}: {', '.join(names)}" for (t, op), names in variants().items()]
-    return "\n".join(lines + (["", "forms chosen by attribute:"] + forms if forms else []))
+    delta = [f"  {op}: gate {form.gate}" for op, form in sorted(members().items())]
+    return "\n".join(lines + (["", "forms chosen by attribute:"] + forms if forms else [])
+                     + ["", "delta family (each backend's one family lowering, told the gate kind of the op's spec):"]
+                     + delta)

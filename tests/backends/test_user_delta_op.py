@@ -95,6 +95,7 @@ def test_the_support_matrix_says_lowered_by_the_family_kernels(declared):
         assert low.fn is L.load(table)["kda"].fn, f"{table}: not the family's lowering"
         assert low.kind not in ("decomposed", "user"), (table, low.kind)
     assert OPS[OP].decompose is None and OPS[OP].families >= {"recurrent", "delta_family"}
+    assert f"  {OP}: gate {FORM.gate}" in coverage.text().splitlines()  # what `k3c ops` prints
 
 
 def _case(backend: str, form: str):

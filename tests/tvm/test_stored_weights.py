@@ -119,10 +119,14 @@ def _experts(gen, E: int, n_out: int, n_in: int) -> tuple[torch.Tensor, torch.Te
     return packed, scale
 
 
-def _run(func, args, out_shape):
+def _build(func):
     sch = s_tir.Schedule(func)
     SCHEDULES["llvm"](sch)
-    lib = tvm.compile(tvm.IRModule({"main": sch.mod["main"]}), target=make_target("llvm"))
+    return tvm.compile(tvm.IRModule({"main": sch.mod["main"]}), target=make_target("llvm"))
+
+
+def _run(func, args, out_shape):
+    lib = func if isinstance(func, tvm.runtime.Executable) else _build(func)
     out = _tvm(torch.full(out_shape, float("nan")))
     lib(*[_tvm(a) for a in args], out)
     return torch.from_dlpack(out).clone()
@@ -146,6 +150,33 @@ def test_mxfp4_expert_kernels_against_the_naive_decode_and_gemms(N, rows):
     y = _run(tvm_moe_down(E, 32, Dout, k, "llvm", rows, weights="mxfp4"), [a, _mxfp4_panels(p2, s2), idx, cw],
              (N, Dout))
     assert_close(y, moe_down(a, decode(p2, s2), idx, cw), what=f"mxfp4 down N={N}")
+
+
+@pytest.mark.parametrize("rows", [1, 6])
+def test_an_expert_decoded_once_for_its_rows_sums_as_each_row_alone(rows):
+    """N = 9 tokens over E = 3 experts: every expert has two rows or more and decodes each panel
+    once into a buffer; each token alone (one row an expert) decodes in registers. Each output
+    is the same k-ordered chain of products, so the two agree bit for bit, and both are the
+    naive decode and GEMMs. D = 96: three groups; panels of 8 (gate/up) and 4 (down)."""
+    E, D, I2, Dout, I, k, N = 3, 96, 24, 28, 64, 2, 9
+    gen = torch.Generator().manual_seed(rows)
+    p13, s13 = _experts(gen, E, I2, D)
+    p2, s2 = _experts(gen, E, Dout, I)
+    h, a = torch.randn(N, D, generator=gen), torch.randn(N, k, I, generator=gen)
+    idx = torch.stack([torch.randperm(E, generator=gen)[:k] for _ in range(N)])
+    cw = torch.rand(N, k, generator=gen)
+    w13, w2 = _mxfp4_panels(p13, s13), _mxfp4_panels(p2, s2)
+    gate_up = _build(tvm_moe_gate_up(E, D, I2, k, "llvm", rows, weights="mxfp4"))
+    down = _build(tvm_moe_down(E, I, Dout, k, "llvm", rows, weights="mxfp4"))
+    assert all(int((idx == e).sum()) >= 2 for e in range(E))
+    gu, y = _run(gate_up, [h, w13, idx], (N, k, I2)), _run(down, [a, w2, idx, cw], (N, Dout))
+    for n in range(N):
+        one = _run(gate_up, [h[n:n + 1], w13, idx[n:n + 1]], (1, k, I2))
+        assert torch.equal(gu[n:n + 1].view(torch.int32), one.view(torch.int32)), n
+        one = _run(down, [a[n:n + 1], w2, idx[n:n + 1], cw[n:n + 1]], (1, Dout))
+        assert torch.equal(y[n:n + 1].view(torch.int32), one.view(torch.int32)), n
+    assert_close(gu, moe_gate_up(h, decode(p13, s13), idx), what=f"mxfp4 gate_up, buffered, rows={rows}")
+    assert_close(y, moe_down(a, decode(p2, s2), idx, cw), what=f"mxfp4 down, buffered, rows={rows}")
 
 
 def test_a_release_precision_artifact_holds_its_weights_as_stored(tmp_path):

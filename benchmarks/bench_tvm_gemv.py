@@ -2,7 +2,9 @@
 in the same run: decode GEMVs (M = 1 and a batch of 8) and a prefill GEMM, BF16 and float32
 weights, in GB/s of weight bytes (and GFLOP/s for the GEMM); then the MXFP4 routed-expert
 kernels at k3-small's shapes (E = 32, D = 512, I = 256, top-4) for a decode step's tokens,
-in GB/s of the expert bytes the step touches (the experts its tokens are routed to).
+in GB/s of the expert bytes the step touches (the experts its tokens are routed to); then the
+same expert kernels in a prefill of --prefill-tokens tokens on float32 and on MXFP4 panels,
+in turns, in GFLOP/s (the release precision's experts beside fp32's).
 
     python benchmarks/bench_tvm_gemv.py                    # 3072 x 512 and 32768 x 512, experts
     python benchmarks/bench_tvm_gemv.py --shapes 3072x512 --repeat 200 --no-experts
@@ -57,6 +59,7 @@ def main() -> None:
     ap.add_argument("--shapes", default="3072x512,32768x512", help="N x K of the weights")
     ap.add_argument("--repeat", type=int, default=100)
     ap.add_argument("--no-experts", action="store_true", help="skip the MXFP4 expert kernels")
+    ap.add_argument("--prefill-tokens", type=int, default=1024, help="tokens of the expert prefill rows (0: none)")
     args = ap.parse_args()
     os.environ.setdefault("TVM_NUM_THREADS", str(len(os.sched_getaffinity(0))))
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
@@ -91,6 +94,8 @@ def main() -> None:
                   f"{reads[(N, K, dt)]:>9.1f} {2 * M * N * K / s / 1e9:>8.1f} {err:>9.1e}")
     if not args.no_experts:
         experts(args.repeat, gen)
+        if args.prefill_tokens:
+            expert_prefill(args.prefill_tokens, max(3, args.repeat // 20), gen)
 
 
 def _tvm(t: torch.Tensor):
@@ -154,6 +159,64 @@ def experts(repeat: int, gen: torch.Generator, E: int = 32, D: int = 512, I: int
             gbps = touched * weights * 17 / 32 / s / 1e9
             form = "table" if lut else "arith"
             print(f"{name:>8} {form:>6} {B:>3} {touched:>8} {s * 1e6:>9.1f} {gbps:>7.1f} {err:>9.1e}")
+
+
+def expert_prefill(N: int, repeat: int, gen: torch.Generator, E: int = 32, D: int = 512, I: int = 256,
+                   k: int = 4) -> None:
+    """The routed-expert kernels of a prefill (tiles of 6 rows, the backend's choice) on float32
+    panels and on MXFP4 panels (decoded by table where the target has AVX2, as the backend
+    chooses), side by side, in GFLOP/s: the release precision's experts against fp32's."""
+    import tvm
+    from tvm import s_tir
+
+    from k3c.backends.tvm.target import make_target, target_has
+    from k3c.kernels.moe.naive import moe_down, moe_gate_up
+    from k3c.kernels.moe.tvm import SCHEDULES, weight_panels
+    from k3c.kernels.moe.tvm import moe_down as tvm_down
+    from k3c.kernels.moe.tvm import moe_gate_up as tvm_gate_up
+    from k3c.kernels.mxfp4.naive import decode
+
+    def build(func):
+        sch = s_tir.Schedule(func)
+        SCHEDULES["llvm"](sch)
+        return tvm.compile(tvm.IRModule({"main": sch.mod["main"]}), target=make_target("llvm"))
+
+    def panels(fmt, packed, scale):  # the layouts of kernels/moe/tvm (weight_panels)
+        (_, n_out, n_in) = packed.shape[0], packed.shape[1], packed.shape[2] * 2
+        shape, _ = weight_panels(fmt, E, n_out, n_in)
+        F = shape[-1]
+        if fmt == "float32":
+            return decode(packed, scale).reshape(E, n_out // F, F, n_in).permute(0, 1, 3, 2).contiguous()
+        groups = n_in // 32
+        codes = packed.reshape(E, n_out // F, F, groups, 16).permute(0, 1, 3, 4, 2)
+        return torch.cat([codes, scale.reshape(E, n_out // F, F, groups, 1).permute(0, 1, 3, 4, 2)], 3).contiguous()
+
+    lut = target_has("avx2")
+    w13 = (torch.randint(0, 256, (E, 2 * I, D // 2), dtype=torch.uint8, generator=gen),
+           torch.randint(118, 130, (E, 2 * I, D // 32), dtype=torch.uint8, generator=gen))
+    w2 = (torch.randint(0, 256, (E, D, I // 2), dtype=torch.uint8, generator=gen),
+          torch.randint(118, 130, (E, D, I // 32), dtype=torch.uint8, generator=gen))
+    idx = torch.stack([torch.randperm(E, generator=gen)[:k] for _ in range(N)])
+    h, a, cw = torch.randn(N, D, generator=gen), torch.randn(N, k, I, generator=gen), torch.rand(N, k, generator=gen)
+    want = {"gate_up": moe_gate_up(h, decode(*w13), idx), "down": moe_down(a, decode(*w2), idx, cw)}
+    print(f"Routed experts of a {N}-token prefill (tiles of 6 rows), float32 panels against MXFP4 "
+          f"({'table' if lut else 'arithmetic'} decode), in turns")
+    print(f"{'kernel':>8} {'weights':>8} {'ms':>9} {'GFLOP/s':>8} {'max err':>9}")
+    libs = {(name, fmt): build(fn(E, *dims, k, "llvm", 6, fmt, lut and fmt == "mxfp4"))
+            for fmt in ("float32", "mxfp4")
+            for name, fn, dims in (("gate_up", tvm_gate_up, (D, 2 * I)), ("down", tvm_down, (I, D)))}
+    args = {("gate_up", fmt): [h, panels(fmt, *w13), idx] for fmt in ("float32", "mxfp4")}
+    args.update({("down", fmt): [a, panels(fmt, *w2), idx, cw] for fmt in ("float32", "mxfp4")})
+    best, outs = {}, {}
+    for _ in range(repeat):  # turns, so a change of load hits both forms
+        for key, lib in libs.items():
+            ins = [_tvm(x) for x in args[key]]
+            outs[key] = out = _tvm(torch.zeros(want[key[0]].shape))
+            best[key] = min(best.get(key, float("inf")), fastest(lambda lib=lib, ins=ins, out=out: lib(*ins, out), 1))
+    for (name, fmt), s in best.items():
+        flops = 2 * N * k * (2 * I * D if name == "gate_up" else D * I)
+        err = (torch.from_dlpack(outs[(name, fmt)]) - want[name]).abs().max().item()
+        print(f"{name:>8} {fmt:>8} {s * 1e3:>9.2f} {flops / s / 1e9:>8.1f} {err:>9.1e}")
 
 
 if __name__ == "__main__":

@@ -144,7 +144,8 @@ def format_plan(p: dict) -> str:
         where = f" of stage {s}" if len(stages) > 1 else ""
         lines.append(f"  per rank{where}: weights {_gb(r['weight_bytes'])}, state pool {_gb(r['state_bytes'])}, "
                      f"total {_gb(r['weight_bytes'] + r['state_bytes'])}")
-    for phase, rows in p["per_token"].items():
+    sends = {f"stage {s}": rows for s, rows in enumerate(p["per_stage"])} if "per_stage" in p else p["per_token"]
+    for phase, rows in sends.items():  # with pp each stage's own (prefill and decode alike)
         for op, v in sorted(rows.items()):
             lines.append(f"  {phase:8s} {op:15s} {v['count']:4d} per pass, "
                          f"{v['bytes'] / 1e3:10.1f} kB sent per token")

@@ -7,6 +7,8 @@
 - state.py: a one-process state split into rank shards and joined back;
 - simulate.py: every rank of a partitioned program in this process, in lockstep;
 - segments.py: a rank's graph cut at its collectives, for backends that lower no collective;
+- pipeline.py: a rank's graph cut to its pipeline stage's layers (pp), and what it receives
+  from the stage before and sends to the next;
 - runner.py, launch.py, spawn.py: per-rank artifacts, the rank process (under torchrun or
   spawned), and the spawning with timeouts that `k3c diff --mesh` uses.
 """

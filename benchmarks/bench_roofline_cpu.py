@@ -47,9 +47,9 @@ PRECISIONS = {"fp32": {}, "bf16+mxfp4": {"dtype": torch.bfloat16, "experts": "mx
 # InferenceSession refuses each), so a BF16 weight reaches its GEMM through a Cast that
 # onnxruntime folds at session creation: a float32 copy. A decode step of at most E / 2 slots
 # gathers its routed experts as the exact int8 blocks of backends/onnx/ort_mxfp4.py (1.125
-# bytes), a larger one runs the experts with slots through the 4-bit pair (1.25). TVM widens BF16 weights to float32 at
-# load and decodes MXFP4 codes inside its GEMMs (0.53125 bytes). Portable ONNX decodes every
-# expert's codes on every call.
+# bytes), a larger one runs the experts with slots through the 4-bit pair (1.25). TVM holds
+# BF16 weights as stored, widens them in registers, and decodes MXFP4 codes inside its GEMMs
+# (0.53125 bytes). Portable ONNX decodes every expert's codes on every call.
 MXFP4_BYTES = 17 / 32  # a 4-bit code and a 1-byte scale per 32
 HELD = {
     "fp32": {"dense": 4.0, "experts": 4.0, "experts_read": "routed"},

@@ -114,18 +114,20 @@ def builtin(backend: str, *ops: str, supports: Supports | None = None, kind: str
 
 # backend -> [(family, make)]: a lowering of every op of an IR family (ir.ops.family), those
 # declared after the table loaded included: `load` enters each member the table lacks.
-_FAMILY_LOWERINGS: dict[str, list[tuple[str, Callable[[str], Lowering]]]] = {b: [] for b in TABLES}
+_FAMILY_LOWERINGS: dict[str, list[tuple[str, Callable[[str], Lowering], Callable | None]]] = {b: [] for b in TABLES}
 
 
 def builtin_family(backend: str, family_name: str, *, supports: Supports | None = None, kind: str,
-                   per_op: Callable[[str], dict] | None = None, **fields):
+                   per_op: Callable[[str], dict] | None = None, forget: Callable[[frozenset], None] | None = None,
+                   **fields):
     """Decorator for k3c's own lowering of a whole op family (the delta rules: the lowering
     reads what varies from each op's spec): every member, present or declared later, gets
-    an entry of `fn` (`per_op(op)`: fields that name the op, such as ONNX's variants)."""
+    an entry of `fn` (`per_op(op)`: fields that name the op, such as ONNX's variants, made
+    with the entry; `forget(members)`: drop what per_op made for ops no longer members)."""
     def deco(fn: Callable) -> Callable:
         def make(op: str) -> Lowering:
             return Lowering(backend, op, fn, supports, kind, **fields, **(per_op(op) if per_op else {}))
-        _FAMILY_LOWERINGS[backend].append((family_name, make))
+        _FAMILY_LOWERINGS[backend].append((family_name, make, forget))
         _enter_members(backend)
         return fn
     return deco
@@ -133,10 +135,13 @@ def builtin_family(backend: str, family_name: str, *, supports: Supports | None 
 
 def _enter_members(backend: str) -> None:
     table = _table(backend)
-    for family_name, make in _FAMILY_LOWERINGS[backend]:
-        for op in sorted(family(family_name)):
+    for family_name, make, forget in _FAMILY_LOWERINGS[backend]:
+        members = family(family_name)
+        for op in sorted(members):
             if op not in table:
                 table.add(op, make(op))
+        if forget is not None:
+            forget(members)
 
 
 def load(backend: str) -> Registry:

@@ -74,9 +74,20 @@ def op_function(op: str, *, attrs: tuple[str, ...] | None = None):
     return register
 
 
+def definition(name: str) -> FunctionDef:
+    """The registered function `name`. A delta-family member's is made with its `onnx` table
+    entry (recurrent.py), which a `scope()` that ended may have taken: loading the table
+    makes it again."""
+    if name not in FUNCTIONS:
+        from ...tables import load
+
+        load("onnx")
+    return FUNCTIONS[name]
+
+
 def function_proto(name: str) -> onnx.FunctionProto:
     """The FunctionProto of op `name`: its body with attribute references to the caller's node."""
-    fd = FUNCTIONS[name]
+    fd = definition(name)
     b = Builder(name)
     refs = {a: Ref(a, AttributeProto.FLOAT if kind == "float" else AttributeProto.INT)
             for a, kind in fd.attrs.items()}
@@ -90,10 +101,10 @@ def function_proto(name: str) -> onnx.FunctionProto:
 
 def inline(b: Builder, name: str, inputs: list[str], **attrs) -> list[str]:
     """Emit op `name`'s body straight into `b` (attrs as numbers or Refs); returns its outputs."""
-    outs = FUNCTIONS[name].body(b, *inputs, **attrs)
+    outs = definition(name).body(b, *inputs, **attrs)
     return [outs] if isinstance(outs, str) else list(outs)
 
 
 from . import attention, chunked, conv, mlp, recurrent  # noqa: E402,F401  (register the bodies)
 
-__all__ = ["FUNCTIONS", "FunctionDef", "function", "function_proto", "inline"]
+__all__ = ["FUNCTIONS", "FunctionDef", "definition", "function", "function_proto", "inline"]

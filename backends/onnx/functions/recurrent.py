@@ -17,7 +17,7 @@ from ....ir.ops.delta_family import FAMILY
 from ...tables import builtin_family
 from ..builder import Builder, subgraph
 from ..custom import BODY_FLOATS, _call
-from . import function
+from . import FUNCTIONS, function
 
 
 def _delta_step(gate: str, scale: str):
@@ -91,20 +91,31 @@ def _member_body(gate: str):
     return gated
 
 
+_MADE: set[str] = set()  # the ops member_function made a function for
+
+
 def member_function(op: str) -> dict:
     """The function of delta-family op `op` (the body of its gate kind under the op's name, so
     `k3c.kda` stays `k3c.kda`), registered as its table entry is made: the entry's variants."""
     spec = OPS[op]
     function(op, " ".join(spec.tensor_inputs), " ".join(spec.outputs), {"scale": "float"},
              doc=spec.doc or op, builtin=False, replace=True)(_member_body(spec.delta.gate))
+    _MADE.add(op)
     return {"variants": (op,), "variant": _own_name}
+
+
+def forget_members(members: frozenset) -> None:
+    """Drop the functions of ops that left the family (a user's op whose `scope()` ended)."""
+    for op in _MADE - members:
+        FUNCTIONS.pop(op, None)
+        _MADE.discard(op)
 
 
 def _own_name(node) -> str:
     return node.op
 
 
-@builtin_family("onnx", FAMILY, kind="fn", floats=BODY_FLOATS, per_op=member_function)
+@builtin_family("onnx", FAMILY, kind="fn", floats=BODY_FLOATS, per_op=member_function, forget=forget_members)
 def _lower_member(lx, node, **inputs):
     """Any delta-family op: one node of the k3c domain, the function of its own name."""
     _call(lx, node, node.op, inputs, scale=float(lx.attrs(node)["scale"]))

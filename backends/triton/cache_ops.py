@@ -17,7 +17,7 @@ outside the cache. `mla_attention_cached` (the expanded form) runs its decomposi
 
 from __future__ import annotations
 
-from ...ir import Graph, Node
+from ...ir import Graph, Node, named_inputs
 from ..tables import builtin
 
 CACHE = "k3c.kernels.cache.triton"
@@ -49,7 +49,7 @@ def _cache_write(cg, node: Node, cache, new, positions) -> str:
 
 def _width_fits(node: Node, graph: Graph) -> tuple[bool, str]:
     dv = graph.types[node.outputs[0]].shape[-1]
-    widths = [graph.types[node.inputs[1]].shape[-1], dv]
+    widths = [graph.types[named_inputs(node)["k"]].shape[-1], dv]
     if not all(isinstance(d, int) and d <= MAX_WIDTH for d in widths):
         return False, f"key/value widths {widths}: the Triton split-K kernel takes static widths up to {MAX_WIDTH}"
     return True, ""

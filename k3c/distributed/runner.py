@@ -32,7 +32,7 @@ from ..ir import Graph
 from ..ir import dims as D
 from ..kernels.collectives import using
 from .comm import ShapeComm
-from .mesh import Mesh, stage_layers
+from .mesh import Mesh, check_divides, stage_layers
 from .partition import combine_report, partition
 from .pipeline import cut_stages
 from .segments import is_collective, plan_from_json, plan_to_json, run_plan, split
@@ -47,6 +47,8 @@ def rank_graphs(model: torch.nn.Module, mesh: Mesh, example_inputs: tuple,
     name, so rank 0's part is captured once and each rank's graphs are those with its own
     weights bound and its groups put in: rank 0's tp group becomes the rank's tp group, its
     ep group the rank's ep group (the world stays the world). `combine`: partition's."""
+    if mesh.pp > 1:  # the partition sees one stage's mesh: the stages' own checks here
+        check_divides(mesh, model.config)
     stage = mesh.stage_mesh()  # with pp every stage's ranks are partitioned as stage 0's
     with using(ShapeComm(0)):
         first = capture_entries(partition(model, stage, 0, combine), example_inputs)

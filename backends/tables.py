@@ -91,7 +91,7 @@ _BUILTIN = {
     "onnx:ort": ("k3c.backends.onnx.ort", "k3c.backends.onnx.ort_mxfp4"),
     "tvm": ("k3c.backends.tvm.relax_ops", "k3c.backends.tvm.kernel_ops", "k3c.backends.tvm.chunk_ops",
             "k3c.backends.tvm.quant_ops", "k3c.backends.tvm.cache_ops"),
-    "triton": ("k3c.backends.triton.lowering",),
+    "triton": ("k3c.backends.triton.lowering", "k3c.backends.triton.cache_ops"),
 }
 _loaded: set[str] = set()
 

@@ -8,7 +8,6 @@ See README.md for how nodes become kernels and how the mode (GPU or TRITON_INTER
 chosen.
 """
 
-from . import cache_ops  # noqa: F401  (enters the fixed-cache lowerings in the triton table)
 from .backend import MODULE_FILE, TritonBackend, TritonRunner
 from .codegen import generate_module
 

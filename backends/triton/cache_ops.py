@@ -49,7 +49,9 @@ def _cache_write(cg, node: Node, cache, new, positions) -> str:
 
 def _width_fits(node: Node, graph: Graph) -> tuple[bool, str]:
     dv = graph.types[node.outputs[0]].shape[-1]
-    widths = [graph.types[named_inputs(node)["k"]].shape[-1], dv]
+    keys = named_inputs(node)
+    keys = keys["k"] if "k" in keys else keys["ckv"]  # causal attention's keys, or MLA's latent cache
+    widths = [graph.types[keys].shape[-1], dv]
     if not all(isinstance(d, int) and d <= MAX_WIDTH for d in widths):
         return False, f"key/value widths {widths}: the Triton split-K kernel takes static widths up to {MAX_WIDTH}"
     return True, ""

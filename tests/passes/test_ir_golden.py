@@ -6,11 +6,10 @@ line (weights by name and type, not data). Regenerate after a deliberate change:
 
 from __future__ import annotations
 
-import difflib
-import os
 from pathlib import Path
 
 import pytest
+from golden_files import check_golden
 
 from k3c import ir, passes
 
@@ -25,13 +24,4 @@ def test_k3_tiny_after_default(zoo, entry):
     text = str(after)
     assert ir.parse(text).structurally_equal(after), "the snapshot does not read back as the graph"
     assert str(ir.parse(text)) == text, "the snapshot does not print back to itself"
-    path = GOLDEN / f"k3-tiny.{entry}.k3c"
-    if os.environ.get("K3C_UPDATE_GOLDEN") == "1":
-        path.parent.mkdir(exist_ok=True)
-        path.write_text(text)
-    assert path.exists(), f"no golden file; create it with K3C_UPDATE_GOLDEN=1 pytest {__file__}"
-    want = path.read_text()
-    if text != want:
-        diff = "\n".join(difflib.unified_diff(want.splitlines(), text.splitlines(), "golden", "now", lineterm=""))
-        raise AssertionError(f"k3-tiny's {entry} IR after default changed (K3C_UPDATE_GOLDEN=1 to accept):\n"
-                             f"{diff[:6000]}")
+    check_golden(text, GOLDEN / f"k3-tiny.{entry}.k3c", f"k3-tiny's {entry} IR after default", __file__)

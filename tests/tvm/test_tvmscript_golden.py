@@ -7,9 +7,9 @@ code shows here line by line. Regenerate after a deliberate change:
 
 from __future__ import annotations
 
-import difflib
-import os
 from pathlib import Path
+
+from golden_files import check_golden
 
 from k3c import passes
 from k3c.backends.tvm import TvmBackend
@@ -23,11 +23,4 @@ def test_k3_tiny_module_as_compiled(zoo):
     graphs = {"prefill": passes.run(prefill, "default"), "decode": passes.run(decode, "default")}
     text = TvmBackend(target=TARGET).show(graphs)
     assert "def prefill" in text and "def decode" in text and "T.prim_func" in text, text[:2000]
-    if os.environ.get("K3C_UPDATE_GOLDEN") == "1":
-        GOLDEN.parent.mkdir(exist_ok=True)
-        GOLDEN.write_text(text)
-    assert GOLDEN.exists(), f"no golden file; create it with K3C_UPDATE_GOLDEN=1 pytest {__file__}"
-    want = GOLDEN.read_text()
-    if text != want:
-        diff = "\n".join(difflib.unified_diff(want.splitlines(), text.splitlines(), "golden", "now", lineterm=""))
-        raise AssertionError(f"k3-tiny's TVM module changed (K3C_UPDATE_GOLDEN=1 to accept):\n{diff[:6000]}")
+    check_golden(text, GOLDEN, "k3-tiny's TVM module", __file__)

@@ -29,6 +29,7 @@ from . import (  # noqa: F401  (register the passes)
     decompose,
     fold_latent_moe,
     fold_mxfp4,
+    fuse_kda_decode,
     fuse_norms,
     fuse_situ,
     last_token_logits,

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from ..ir import Graph, VerifyError, verify
 from . import cost as C
 from .driver import drop_unused_weights
+from .fuse_kda_decode import FUSED as FUSED_DECODE
 from .registry import PASSES, format_step, parse_step
 
 
@@ -76,11 +77,22 @@ def backend_choices(be) -> dict:
     it takes whole (`takes_whole`), whether the cost model picks the prefill form
     (`chunk_by`), and the chunk length its chunked pieces run fastest at (`chunk_size`)."""
     return {"keep": getattr(be, "takes_whole", ()), "chunk_by": getattr(be, "chunk_by", None),
-            "chunk_size": getattr(be, "chunk_size", None)}
+            "chunk_size": getattr(be, "chunk_size", None), "fuse": _lowered(be, FUSED_DECODE)}
+
+
+def _lowered(be, ops: tuple[str, ...]) -> tuple[str, ...]:
+    """The ops of `ops` that backend `be` has a lowering of its own for (its table)."""
+    from ..backends import tables
+
+    name = getattr(be, "name", None)
+    if name not in tables.TABLES:
+        return ()
+    table = tables.load(name)
+    return tuple(op for op in ops if op in table)
 
 
 def for_backend(steps: list, keep=(), compute: str | None = None, chunk_by: str | None = None,
-                chunk_size: int | None = None, state_dtype: str | None = None) -> list:
+                chunk_size: int | None = None, state_dtype: str | None = None, fuse=()) -> list:
     """`steps` as a backend needs them: the ops it takes whole (`keep`) stay whole through
     chunk-delta-rule (the one place the prefill form is decided), a backend that lets the
     cost model pick the form (`chunk_by="flops"`) or prefers a chunk length (`chunk_size`)
@@ -88,11 +100,18 @@ def for_backend(steps: list, keep=(), compute: str | None = None, chunk_by: str 
     one dtype gets compute-dtype before the final sweep (`compute`: "f32", the CPU
     backends' default for a BF16 model, or "bf16", the BF16 GEMM policy), and a recurrent
     state held in BF16 (`state_dtype="bf16"`) gets state-dtype after it, at the graph's
-    boundary as it is lowered. Steps stay text, so the pipeline an artifact records reads back."""
+    boundary as it is lowered. A backend that lowers KDA's fused decode step (`fuse`, ops of
+    fuse_kda_decode.FUSED) gets fuse-kda-decode right after fuse-norms, whose l2norm and
+    gated_rms_norm it matches. Steps stay text, so the pipeline an artifact records reads back."""
     keep = sorted(set(keep))
+    fuse_decode = bool(set(fuse) & set(FUSED_DECODE)) and not any(parse_step(s)[0] == "fuse-kda-decode"
+                                                                   for s in steps)
     out = []
     for step in steps:
         name, given = parse_step(step)
+        if name == "fuse-norms" and fuse_decode:
+            out += [step, "fuse-kda-decode"]
+            continue
         opts = given
         if name == "chunk-delta-rule":
             if keep:

@@ -8,6 +8,7 @@ from . import (  # noqa: F401
     elementwise,
     fused,
     fused_norms,
+    kda_decode,
     moe,
     nn,
     quant,

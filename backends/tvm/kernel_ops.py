@@ -24,6 +24,7 @@ from ...kernels.attn_res.tvm import SCHEDULES as RES_SCHEDULES
 from ...kernels.attn_res.tvm import attn_res_mix
 from ...kernels.delta.tvm import linear as linear_recurrent
 from ...kernels.delta.tvm import recurrent
+from ...kernels.kda_decode import tvm as kda_decode
 from ...kernels.moe.tvm import SCHEDULES as MOE_SCHEDULES
 from ...kernels.moe.tvm import moe_down, moe_gate_up
 from ...kernels.moe.tvm import panel as moe_panel
@@ -86,6 +87,20 @@ def _short_conv(ctx: LowerContext, node, x, w, state):
     C, W = _static(ctx, ctx.ir(node)["w"], 0, 1)
     gv = ctx.kernel(("short_conv", C, W, act), lambda: short_conv(C, W, act), CONV_SCHEDULES)
     return ctx.call_tir(gv, [x, w, state], ctx.out_types(node))
+
+
+def _kda_decode_step(ctx: LowerContext, node, **inputs):
+    """KDA's fused decode step: one kernel per layer call, a block per (batch, head)."""
+    a, ir = ctx.attrs(node), ctx.ir(node)
+    H, K = _static(ctx, ir["f"], 2, 3)
+    (V,) = _static(ctx, ir["o_gate"], 3)
+    (W,) = _static(ctx, ir["q_w"], 1)
+    key = ("kda_decode_step", H, K, V, W, a["scale"], a["gate"], a["lower_bound"], a["activation"], a["qk_eps"],
+           a["eps"])
+    gv = ctx.kernel(key, lambda: kda_decode.kda_decode_step(H, K, V, W, a["scale"], a["gate"], a["lower_bound"],
+                                                            a["activation"], a["qk_eps"], a["eps"], ctx.target),
+                    kda_decode.SCHEDULES)
+    return ctx.call_tir(gv, list(inputs.values()), ctx.out_types(node))
 
 
 # ---------------------------------------------------------------------------- attention
@@ -270,7 +285,7 @@ def _gated_mlp(ctx: LowerContext, node, x, w):
 
 
 _RULES = {
-    "short_conv": _short_conv,
+    "short_conv": _short_conv, "kda_decode_step": _kda_decode_step,
     "causal_attention": _causal_attention, "mla_attention": _mla_attention,
     "mla_attention_absorbed": _mla_attention_absorbed, "attn_res_mix": _attn_res_mix,
     "moe_gate_up": _moe_gate_up, "moe_down": _moe_down, "moe_experts": _moe_experts,

@@ -204,6 +204,8 @@ _RULES: dict[str, Callable] = {
     "gated_rms_norm": _call("gated_rmsnorm", "k3c.kernels.gated_rmsnorm.triton", attrs=("eps",)),
     "l2norm": _call("l2norm", "k3c.kernels.gated_rmsnorm.triton", attrs=("eps",)),
     "short_conv": _call("short_conv", "k3c.kernels.short_conv.triton", attrs=("activation",)),
+    "kda_decode_step": _call("kda_decode_step", "k3c.kernels.kda_decode.triton",
+                             kw=("scale", "gate", "lower_bound", "activation", "qk_eps", "eps")),
     "chunk_prepare": _chunk_prepare,
     "chunk_state_scan": _chunk_state_scan,
     "chunk_output": _chunk_output,
@@ -226,7 +228,7 @@ _RULES: dict[str, Callable] = {
 }
 
 # Ops whose statement calls a Triton kernel template (the rest call torch or join a fused group).
-KERNEL_OPS = frozenset({"rms_norm", "gated_rms_norm", "l2norm", "short_conv", "chunk_prepare", "chunk_state_scan",
+KERNEL_OPS = frozenset({"rms_norm", "gated_rms_norm", "l2norm", "short_conv", "kda_decode_step", "chunk_prepare", "chunk_state_scan",
                         "chunk_output",
                         "causal_attention", "mla_attention", "mla_attention_absorbed", "attn_res_mix", "situ",
                         "gated_mlp", "moe_gate_up", "moe_down", "moe_experts", "moe_gate_up_mxfp4", "moe_down_mxfp4",
@@ -255,7 +257,17 @@ def _chunk_prepare_fits(node: Node, graph) -> tuple[bool, str]:
     return ok, why
 
 
-_SUPPORTS = {"chunk_prepare": _chunk_prepare_fits}
+def _decode_step_fits(node: Node, graph) -> tuple[bool, str]:
+    """KDA's fused decode step holds a [K, V] state block and the whole value row (its norm)
+    in one program: static head dims up to MAX_HEAD_DIM."""
+    x = named_inputs(node)
+    K, V = graph.types[x["f"]].shape[-1], graph.types[x["o_gate"]].shape[-1]
+    if not all(isinstance(d, int) and d <= MAX_HEAD_DIM for d in (K, V)):
+        return False, f"head dims K={K}, V={V}: the Triton kernels take static head dims up to {MAX_HEAD_DIM}"
+    return True, ""
+
+
+_SUPPORTS = {"chunk_prepare": _chunk_prepare_fits, "kda_decode_step": _decode_step_fits}
 
 for _op, _fn in _RULES.items():
     _kind = "kernel" if _op in KERNEL_OPS else "fused" if _op in FUSED_EXPR else "torch"

@@ -228,8 +228,8 @@ _RULES: dict[str, Callable] = {
 }
 
 # Ops whose statement calls a Triton kernel template (the rest call torch or join a fused group).
-KERNEL_OPS = frozenset({"rms_norm", "gated_rms_norm", "l2norm", "short_conv", "kda_decode_step", "chunk_prepare", "chunk_state_scan",
-                        "chunk_output",
+KERNEL_OPS = frozenset({"rms_norm", "gated_rms_norm", "l2norm", "short_conv", "kda_decode_step", "chunk_prepare",
+                        "chunk_state_scan", "chunk_output",
                         "causal_attention", "mla_attention", "mla_attention_absorbed", "attn_res_mix", "situ",
                         "gated_mlp", "moe_gate_up", "moe_down", "moe_experts", "moe_gate_up_mxfp4", "moe_down_mxfp4",
                         "moe_experts_mxfp4"})

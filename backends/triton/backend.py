@@ -56,6 +56,18 @@ class TritonRunner:
         return outs if home.type == torch.device(self.device).type else [o.to(home) for o in outs]
 
 
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """The same tensor bit for bit: a weight with a NaN is the same weight in every entry
+    (torch.equal says a NaN differs from itself)."""
+    if a is b:
+        return True
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    return torch.equal(a.detach().contiguous().reshape(-1).view(torch.uint8),
+                       b.detach().contiguous().reshape(-1).view(torch.uint8))
+
+
 class TritonBackend:
     """`compute` None: a BF16 model computes in BF16 (fp32 accumulation and state, as its
     kernels do), "f32": in float32 from its stored weights. `target` None: the kernels
@@ -108,7 +120,7 @@ class TritonBackend:
         weights: dict[str, torch.Tensor] = {}
         for entry, g in graphs.items():
             for name, t in g.weights.items():
-                if name in weights and not (weights[name].is_meta or torch.equal(weights[name], t)):
+                if name in weights and not (weights[name].is_meta or _same_bits(weights[name], t)):
                     raise ValueError(f"weight {name!r} differs between entries; the artifact stores one copy")
                 weights[name] = t
             (out / f"{entry}.k3c").write_text(print_graph(g))

@@ -30,8 +30,9 @@ from k3c.numerics import compare
 LENGTHS, PROMPT, MORE = [12, 12, 9], 12, 5
 POISONED, CLEAN = 1, (0, 2)
 # onnxruntime's own kernels run in the default tier; the reference interpreter, the portable
-# ONNX flavour and TVM take minutes on two cores: the slow tier (pytest -m slow)
-BACKENDS = ["onnx:ort", *(pytest.param(b, marks=pytest.mark.slow) for b in ("reference", "onnx", "tvm"))]
+# ONNX flavour, TVM and Triton (under the interpreter; both decode with the fused KDA step,
+# kda_decode_step) take minutes on two cores: the slow tier (pytest -m slow)
+BACKENDS = ["onnx:ort", *(pytest.param(b, marks=pytest.mark.slow) for b in ("reference", "onnx", "tvm", "triton"))]
 MODELS = ["k3-tiny", "kimi-linear-tiny"]
 
 

@@ -19,18 +19,25 @@ from .passes.compute_dtype import LOW, POLICIES
 from .passes.state_dtype import STATE_DTYPES
 
 
+ZOO_ENTRIES = ("prefill", "decode", "extend")  # the entries of a zoo model's artifact
+
+
 def capture_entries(model: torch.nn.Module, example_inputs: tuple, dynamic: bool = True,
                     max_context: int | None = None, *, dims: dict | None = None,
-                    dynamic_shapes=None) -> dict[str, Graph]:
-    """The graphs a backend compiles: prefill, decode and extend for a zoo model, else forward.
-    `max_context=N`: their serving forms, with fixed-capacity caches of N rows (capture).
-    `dims` / `dynamic_shapes`: a module's dynamic dims, named or as torch.export takes them."""
+                    dynamic_shapes=None, entries: tuple[str, ...] = ZOO_ENTRIES) -> dict[str, Graph]:
+    """The graphs a backend compiles: prefill, decode and extend for a zoo model (or those of
+    them in `entries`), else forward. `max_context=N`: their serving forms, with fixed-capacity
+    caches of N rows (capture). `dims` / `dynamic_shapes`: a module's dynamic dims, named or as
+    torch.export takes them."""
     if hasattr(model, "prefill") and hasattr(model, "decode"):
         if dims is not None or dynamic_shapes is not None:
             raise UsageError("dims= and dynamic_shapes= name the dims of a module's forward; a zoo model's "
                              "prefill and decode have theirs (B, T, P)")
+        unknown = [e for e in entries if e not in ZOO_ENTRIES]
+        if unknown or not entries:
+            raise UsageError(f"entries={entries!r}: a zoo model's entries are {', '.join(ZOO_ENTRIES)}")
         return {entry: capture(model, example_inputs, dynamic, entry=entry, max_context=max_context)
-                for entry in ("prefill", "decode", "extend")}
+                for entry in entries}
     return {"forward": capture(model, example_inputs, dynamic, dims=dims, dynamic_shapes=dynamic_shapes)}
 
 
@@ -151,7 +158,7 @@ class CompiledModel:
 
 def prepare(graphs: dict[str, Graph], be, passes: str | list[str] = "default",
             pass_options: dict | None = None, compute: str | None = None,
-            state_dtype: str | None = None) -> dict[str, Graph]:
+            state_dtype: str | None = None, memo: dict | None = None) -> dict[str, Graph]:
     """The graphs `be` lowers: the pass pipeline with the backend's choices in it (the
     recurrent ops it takes whole stay whole through chunk-delta-rule; a BF16 model computes
     in the backend's `compute_dtype`, from its stored weights), then every node the backend
@@ -159,7 +166,9 @@ def prepare(graphs: dict[str, Graph], be, passes: str | list[str] = "default",
     lowered nor decomposable is an UnsupportedNodeError naming it and the model line.
     `compute` ("f32", "bf16"; None: the backend's own) is the compute policy of a model held
     in a lower precision (passes/compute_dtype.py); `state_dtype` ("f32", "bf16"; None: "f32")
-    the dtype the recurrent states are held in between calls (passes/state_dtype.py)."""
+    the dtype the recurrent states are held in between calls (passes/state_dtype.py).
+    `memo`: a dict kept across calls on the same `graphs` (one per set of graphs): a pipeline
+    whose steps another backend ran already is not run again, only legalized afresh."""
     from . import passes as passes_mod
 
     low = any(t.dtype in LOW for g in graphs.values() for v, t in g.types.items() if v not in g.weights)
@@ -177,7 +186,12 @@ def prepare(graphs: dict[str, Graph], be, passes: str | list[str] = "default",
     recorded = passes if steps == passes_mod.steps_of(passes) else steps  # what an artifact says it ran
     out = {}
     for entry, g in graphs.items():
-        g = passes_mod.run(g, steps, **(pass_options or {}))
+        key = (entry, repr(steps), repr(sorted((pass_options or {}).items())))
+        if memo is None or key not in memo:
+            g = passes_mod.run(g, steps, **(pass_options or {}))
+            if memo is not None:
+                memo[key] = g
+        g = memo[key].copy() if memo is not None else g  # legalize rewrites in place
         passes_mod.legalize(g, be.supports)
         backends.check_supported(be, g)
         g.meta.setdefault("pipeline", recorded)

@@ -15,9 +15,13 @@ unless `keep`).
 from __future__ import annotations
 
 import json
+import queue
 import shutil
+import sys
 import tempfile
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -26,7 +30,8 @@ import torch
 from . import backends as backends_mod
 from .backends import artifact
 from .bisect import first_divergent_node, first_divergent_prefix  # noqa: F401  (public names)
-from .compiler import capture_entries, prepare, rebind_weights
+from .compiler import ZOO_ENTRIES, capture_entries, prepare, rebind_weights
+from .diff_runs import Names, Worker, run_artifact
 from .errors import UsageError
 from .models.precision import BF16State, bf16_policy, fp32_copy, low_precision
 from .numerics import BF16_COMPUTE, BF16_STATE, Tolerance, compare, model_tolerance, rel_rms_err
@@ -262,10 +267,28 @@ def diff(model: torch.nn.Module, backends: list[str], *, seq_len: int = 130, bat
         model = stressed(model, stress)
         say(f"stress {stress}: {model.stress}")
     ids = seeded_ids(model.config.vocab_size, batch, seq_len + decode_steps, seed)
+    # an interpreted backend runs in a worker process, started now so that its imports overlap the capture
+    worker = Worker() if any(_simulated(s) for s in backends) else None
+    try:
+        return _diff(model, backends, ids, name, worker, seq_len=seq_len, batch=batch, decode_steps=decode_steps,
+                     capture_len=capture_len, passes=passes, out_root=out_root, bisect=bisect, say=say,
+                     keep=keep, force=force, captured=captured, timing=timing, compute=compute,
+                     greedy_tokens=greedy_tokens, state_dtype=state_dtype, stress=stress)
+    finally:
+        if worker is not None:
+            worker.close(kill=isinstance(sys.exc_info()[1], KeyboardInterrupt))
+
+
+def _diff(model, backends: list[str], ids: torch.Tensor, name: str, worker, *, seq_len: int, batch: int,
+          decode_steps: int, capture_len: int, passes, out_root, bisect: bool, say, keep: bool, force: bool,
+          captured, timing: bool, compute: str | None, greedy_tokens: int, state_dtype: str | None,
+          stress: str | None) -> DiffReport:
+    # what the check runs is prefill and decode; artifacts that are kept get every entry
+    entries = ZOO_ENTRIES if out_root is not None or keep else ("prefill", "decode")
     if captured is None:
         say(f"capturing {name}")
-        captured = capture_entries(model, (ids[:, :capture_len],))
-    captured = rebind_weights(captured, model)
+        captured = capture_entries(model, (ids[:, :capture_len],), entries=entries)
+    captured = rebind_weights({k: g for k, g in captured.items() if k in entries or "forward" in captured}, model)
     if compute is None and low_precision(model):
         compute = "f32"
     if compute == "bf16":
@@ -275,25 +298,45 @@ def diff(model: torch.nn.Module, backends: list[str], *, seq_len: int = 130, bat
         yardstick = bf16_policy(model)
         policy = compare_policies(model, ids[:, :seq_len], greedy_tokens, policy=yardstick)
         ref = yardstick  # the eager policy runs on each backend's routing (_policy_eager)
-    else:
-        yardstick = fp32_copy(model) if compute == "f32" else model
-        ref = _eager(yardstick, ids, seq_len, decode_steps, state_dtype)
-    t0 = time.perf_counter()  # the speed column compares warm runs: a second prefill
-    if timing:
-        model.prefill(ids[:, :seq_len])
-    eager_s = time.perf_counter() - t0 if timing else 0.0
+    else:  # run while the first artifacts build
+        yardstick, ref = fp32_copy(model) if compute == "f32" else model, None
     temporary = out_root is None
     root = Path(tempfile.mkdtemp(prefix="k3c-diff-")) if temporary else Path(out_root)
     report = DiffReport(name, {"batch": batch, "prefill_len": seq_len, "decode_steps": decode_steps,
-                               "capture_len": capture_len}, {}, eager_s, stress, compute, state_dtype=state_dtype)
+                               "capture_len": capture_len}, {}, 0.0, stress, compute, state_dtype=state_dtype)
     report.policy = policy if compute == "bf16" else None
+    # the artifacts are built one after another in a thread while this one checks the ones
+    # built already: what overlaps is the native part of a build (TVM's LLVM, onnx's writer)
+    def built(spec: str, b: _Built) -> None:  # in the build thread: hand an interpreted backend to the worker
+        if worker is not None and _simulated(spec) and b.error is None:
+            worker.submit(spec, b.out_dir, ids, seq_len, decode_steps, Names.of(b.graphs))
+
+    builds = _Builds(backends, captured, passes, root, force, compute, state_dtype, built)
     try:
-        for spec in backends:
-            say(f"{spec}: lowering and running")
-            report.backends[spec] = _diff_backend(spec, captured, passes, ids, seq_len, decode_steps, ref,
-                                                  root / spec.replace(":", "-"), bisect, force, keep, timing, say,
-                                                  compute, state_dtype)
+        if ref is None:
+            ref = _eager(yardstick, ids, seq_len, decode_steps, state_dtype)
+        checked, runners, in_worker = {}, {}, []
+        for spec in builds.finished():  # in the order the builds finish; the worker's runs last
+            if worker is not None and _simulated(spec):
+                in_worker.append(spec)
+                continue
+            say(f"{spec}: running and checking")
+            checked[spec], runners[spec] = _diff_backend(spec, builds.result(spec), ids, seq_len, decode_steps,
+                                                         ref, bisect, keep, say, compute)
+        for spec in in_worker:
+            say(f"{spec}: checking its runs in the worker process")
+            checked[spec], runners[spec] = _diff_backend(spec, builds.result(spec), ids, seq_len, decode_steps,
+                                                         ref, bisect, keep, say, compute, worker.result)
+        report.backends.update((spec, checked[spec]) for spec in backends)
+        builds.join()
+        if timing:  # warm prefills, one at a time, once every build has finished
+            report.eager_prefill_seconds = _seconds(lambda: model.prefill(ids[:, :seq_len]))
+            for spec, runner in runners.items():
+                if runner is not None and not _simulated(spec):
+                    report.backends[spec].prefill_seconds = _seconds(lambda: runner.run("prefill", ids[:, :seq_len]))
     finally:
+        # interrupted (Ctrl-C, SIGTERM): do not wait for a build in progress; remove what it began
+        builds.join(wait=not isinstance(sys.exc_info()[1], KeyboardInterrupt))
         if temporary and not keep:
             shutil.rmtree(root, ignore_errors=True)
             for b in report.backends.values():
@@ -301,57 +344,141 @@ def diff(model: torch.nn.Module, backends: list[str], *, seq_len: int = 130, bat
     return report
 
 
-def _diff_backend(spec: str, captured, passes, ids, seq_len: int, decode_steps: int, ref, out_dir: Path,
-                  bisect: bool, force: bool, keep: bool, timing: bool, say, compute: str | None,
-                  state_dtype: str | None = None) -> BackendDiff:
-    d = BackendDiff(spec, artifact=str(out_dir))
-    try:
-        be = backend_for(spec)
-        # the pipeline as this backend runs it, legalized
-        graphs = prepare(captured, be, passes, None, compute, state_dtype)
-        if compute == "bf16":
-            from .precision_check import with_routing_outputs
+def _seconds(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
 
-            with_routing_outputs(graphs)
-        t0 = time.perf_counter()
-        artifact.write(be, graphs, out_dir, force=force)
-        runner = be.load(out_dir)
-        d.compile_seconds = time.perf_counter() - t0
-        outs = runner.run("prefill", ids[:, :seq_len])  # the first run also starts the runtime up
-        if timing:
-            t0 = time.perf_counter()
-            runner.run("prefill", ids[:, :seq_len])
-            d.prefill_seconds = time.perf_counter() - t0
+
+def _native_build(spec: str) -> bool:
+    try:
+        return bool(getattr(backend_for(spec), "native_build", False))
+    except Exception:  # an unknown name: its build fails first, with the reason
+        return False
+
+
+def _simulated(spec: str) -> bool:
+    """Whether the backend's speed says nothing: Triton under its interpreter."""
+    from .kernels.common import triton_mode
+
+    return spec.split(":")[0] == "triton" and triton_mode.interpreted()
+
+
+@dataclass
+class _Built:
+    spec: str
+    out_dir: Path
+    be: object = None
+    graphs: dict | None = None
+    runner: object = None
+    seconds: float = 0.0
+    error: BaseException | None = None
+
+
+class _Builds:
+    """Each backend's artifact (the pipeline as it runs it, legalized, written and loaded),
+    built one after another in one thread, those whose build is mostly native code (TVM's
+    LLVM: `native_build`) last, so that it overlaps with the checks of the others. The
+    pipeline runs once per distinct set of steps (prepare's memo): until legalize the graphs
+    of most backends are the same."""
+
+    def __init__(self, specs: list[str], captured: dict, passes, root: Path, force: bool,
+                 compute: str | None, state_dtype: str | None, built):
+        self._args = (captured, passes, force, compute, state_dtype)
+        self._built_hook = built  # called with each (spec, _Built) as it is built
+        # interpreted ones first (their runs are the longest), native builds last; else as given
+        order = sorted(specs, key=lambda s: (not _simulated(s), _native_build(s)))
+        self._done = {spec: threading.Event() for spec in order}
+        self._built = {spec: _Built(spec, root / spec.replace(":", "-")) for spec in order}
+        self._finished: queue.Queue[str] = queue.Queue()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="k3c-diff-builds", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        captured, passes, force, compute, state_dtype = self._args
+        memo: dict = {}
+        for spec, b in self._built.items():
+            if self._stop.is_set():
+                b.error = RuntimeError("not built: the diff stopped")
+            else:
+                try:
+                    b.be = backend_for(spec)
+                    b.graphs = prepare(captured, b.be, passes, None, compute, state_dtype, memo=memo)
+                    if compute == "bf16":
+                        from .precision_check import with_routing_outputs
+
+                        with_routing_outputs(b.graphs)
+                    t0 = time.perf_counter()
+                    artifact.write(b.be, b.graphs, b.out_dir, force=force)
+                    b.runner = b.be.load(b.out_dir)
+                    b.seconds = time.perf_counter() - t0
+                    self._built_hook(spec, b)
+                except BaseException as e:  # handed to the thread that checks this backend
+                    b.error = e
+            self._done[spec].set()
+            self._finished.put(spec)
+
+    def finished(self) -> Iterator[str]:
+        """Every backend's name, each as soon as its build has finished (or failed)."""
+        for _ in self._built:
+            yield self._finished.get()
+
+    def result(self, spec: str) -> _Built:
+        self._done[spec].wait()
+        return self._built[spec]
+
+    def join(self, wait: bool = True) -> None:
+        """Stop building; with `wait` False, return at once and remove the half-built folder of
+        a build in progress (artifact.write's `.NAME.new-*`), which the process's exit ends."""
+        self._stop.set()
+        if wait:
+            self._thread.join()
+            return
+        for spec, b in self._built.items():
+            if not self._done[spec].is_set():
+                for partial in b.out_dir.parent.glob(f".{b.out_dir.name}.new-*"):
+                    shutil.rmtree(partial, ignore_errors=True)
+
+
+def _diff_backend(spec: str, built: _Built, ids, seq_len: int, decode_steps: int, ref, bisect: bool, keep: bool,
+                  say, compute: str | None, runs=None) -> tuple[BackendDiff, object]:
+    """The check of one built backend, and its runner (None when it failed to build or run).
+    `runs`: where its Runs come from when not run here (Worker.result)."""
+    d = BackendDiff(spec, artifact=str(built.out_dir))
+    be, graphs, runner = built.be, built.graphs, built.runner
+    try:
+        if built.error is not None:
+            raise built.error
+        d.compile_seconds = built.seconds
+        names = Names.of(graphs)
+        # the first run also starts the runtime up
+        got = runs(spec) if runs is not None else run_artifact(runner, ids, seq_len, decode_steps, names)
     except UsageError:
         raise
     except Exception as e:  # a backend that cannot compile the model is a failed backend
         d.error = f"{type(e).__name__}: {e}"
-        return d
-    names = [k for k, _ in graphs["prefill"].outputs]
-    logits, state = outs[0], dict(zip(names[1:], outs[1:]))
+        return d, None
+    logits, state = got.prefill[0], dict(zip(names.prefill_outputs[1:], got.prefill[1:]))
     taken = _pop_routing(state)  # compute="bf16": the routing the backend took
-    prefill_state, steps, dec = dict(state), [], graphs["decode"]
-    try:
-        for i in range(decode_steps):
-            outs = runner.run("decode", ids[:, seq_len + i: seq_len + i + 1], *[state[k] for k in dec.inputs[1:]])
-            steps.append(outs[0])
-            state = dict(zip([k for k, _ in dec.outputs[1:]], outs[1:]))
-            taken += _pop_routing(state)
-    except Exception as e:
-        d.error = f"decode: {type(e).__name__}: {e}"
+    prefill_state, steps, d.error = dict(state), [], got.error
+    for outs in got.steps:
+        steps.append(outs[0])
+        state = dict(zip(names.decode_outputs[1:], outs[1:]))
+        taken += _pop_routing(state)
     if compute == "bf16":
         if d.error:
-            return d
+            return d, None
         try:
             ref, d.routing = _policy_eager(ref, ids, seq_len, decode_steps, taken)
         except ValueError as e:  # the backend's graph routes otherwise than eager (a top-k fused away)
             d.error = f"routing: {e}"
-            return d
+            return d, None
     d.add("prefill/logits", logits, ref.prefill[0], ref.tol["prefill/logits"], ref.noise["prefill/logits"])
     for k, v in prefill_state.items():
         d.add(f"prefill/{k}", v, ref.prefill[1][k], ref.tol[f"prefill/{k}"], ref.noise[f"prefill/{k}"])
     if d.error:
-        return d
+        return d, None
     for i, lg in enumerate(steps):
         d.add(f"decode{i}/logits", lg, ref.steps[i], ref.tol[f"decode{i}/logits"], ref.noise[f"decode{i}/logits"])
     for k, v in state.items():
@@ -359,7 +486,7 @@ def _diff_backend(spec: str, captured, passes, ids, seq_len: int, decode_steps: 
     d.ok = all(t.ok for t in d.tensors) and (d.routing is None or d.routing["ok"])
     if not d.ok and bisect:
         say(f"{spec}: off; looking for the first node that is off on correct inputs")
-        work = Path(tempfile.mkdtemp(prefix=f"k3c-bisect-{out_dir.name}-"))
+        work = Path(tempfile.mkdtemp(prefix=f"k3c-bisect-{built.out_dir.name}-"))
         try:
             d.first_bad_node = first_divergent_node(be, graphs["prefill"], [ids[:, :seq_len]], work)
         except Exception as e:
@@ -368,7 +495,7 @@ def _diff_backend(spec: str, captured, passes, ids, seq_len: int, decode_steps: 
         finally:
             if not keep:
                 shutil.rmtree(work, ignore_errors=True)
-    return d
+    return d, runner
 
 
 def write_json(report: DiffReport, path: str | Path) -> None:

@@ -13,7 +13,9 @@ output while their state outputs leave the layer, which a pattern's single-use r
 A prefill or extend (T > 1) is never rewritten; only float32 values are (the kernels' dtype).
 
 The pipeline has it where the backend lowers the op (`passes.for_backend` puts it after
-fuse-norms for TVM and Triton); elsewhere the layer keeps its ops.
+fuse-norms for TVM and Triton); elsewhere the layer keeps its ops. A pipeline that names the
+pass already keeps it as named: `fuse-kda-decode{enable=false}` compiles the unfused step
+on a backend that would fuse it (benchmarks/bench_serving.py's slots row compares the two).
 """
 
 from __future__ import annotations
@@ -135,9 +137,11 @@ def _site(graph: Graph, kda: Node):
     return [*w.nodes, kda, norm], norm, inputs, attrs, convs
 
 
-@register_pass("fuse-kda-decode")
-def fuse_kda_decode(graph: Graph) -> dict:
+@register_pass("fuse-kda-decode", enable=True)
+def fuse_kda_decode(graph: Graph, enable: bool = True) -> dict:
     """KDA's decode step (short convs, l2norms, gate, beta, kda, gated norm) -> kda_decode_step."""
+    if not enable:  # "fuse-kda-decode{enable=false}" in a pipeline: the unfused step, on purpose
+        return {}
     sites = 0
     for kda in [n for n in graph.nodes if n.op == "kda"]:
         found = _site(graph, kda)

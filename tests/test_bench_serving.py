@@ -65,6 +65,20 @@ def test_quick_mode_every_check_holds(tmp_path):
     s = r["slots"]
     assert s["ok"] and s["slot0_rel_rms"] <= ROW.rel_rms and s["slots"] == 32 and s["fused"] is None
     assert s["multiple_of_floor"] == pytest.approx(s["seconds_per_step"] / s["floor_seconds"])
-    for line in ("logits", "tokens equal", "slot 0 vs alone", "absent: no fused KDA decode op"):
+    for line in ("logits", "tokens equal", "slot 0 vs alone", "absent: onnx:ort has no kernel of its own for"):
         assert line in r["table"] and line in p.stdout
     assert "OFF" not in r["table"] and "DIFFER" not in r["table"]
+
+
+@pytest.mark.slow  # two k3-tiny TVM artifacts (unfused and fused decode): about a minute
+def test_quick_slots_row_on_tvm_has_the_fused_step(tmp_path):
+    out = tmp_path / "slots.json"
+    p = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--rows", "slots", "--backend", "tvm", "--json",
+                        str(out)], capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    s = json.loads(out.read_text())["slots"]
+    f = s["fused"]
+    assert s["ok"] and f is not None and f["kda_layers"] == 3  # k3-tiny cut to 4 layers: 3 KDA, 1 MLA
+    assert f["slot0_rel_rms"] <= ROW.rel_rms and f["vs_unfused_rel_rms"] <= ROW.rel_rms
+    assert f["multiple_of_floor"] == pytest.approx(f["seconds_per_step"] / s["floor_seconds"])
+    assert "fused KDA step" in p.stdout and "absent" not in p.stdout

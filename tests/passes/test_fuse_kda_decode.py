@@ -82,3 +82,14 @@ def test_the_pipeline_fuses_where_the_backend_lowers_the_op(backend, fused):
         assert steps.index("fuse-kda-decode") == steps.index("fuse-norms") + 1
         said = [*passes.steps_of("default"), "fuse-kda-decode"]  # a pipeline that says it already
         assert passes.for_backend(said, **passes.backend_choices(be)).count("fuse-kda-decode") == 1
+
+
+def test_a_pipeline_can_keep_the_step_unfused(zoo):
+    """`fuse-kda-decode{enable=false}` named in a pipeline: the backend does not add the pass
+    again, and the decode step keeps its ops (the unfused row of bench_serving's slots)."""
+    be = k3c.backends.get("tvm")
+    said = [*passes.steps_of("default"), "fuse-kda-decode{enable=false}"]
+    steps = passes.for_backend(said, **passes.backend_choices(be))
+    assert [s for s in steps if s.startswith("fuse-kda-decode")] == ["fuse-kda-decode{enable=false}"]
+    _, _, decode = zoo("k3-tiny")
+    assert "kda_decode_step" not in passes.run(decode, steps).op_counts()

@@ -6,11 +6,11 @@ In a decode step (ir.decode_step: one token per sequence) each KDA layer is, aft
     g = mul(sigmoid(mul(a, add(f, dt_bias))), lb)        (k3)   or   mul(a, softplus(add(f, dt_bias)))
     o, S' = kda(q, k, v, g, sigmoid(b), S);   y = gated_rms_norm(o, o_gate, norm_w)
 
-and becomes `y, S', q_conv', k_conv', v_conv' = kda_decode_step(...)`, which a backend runs
-as one kernel that reads the state once and writes it once. The site is walked by hand
-rather than matched by a `Rule` pattern: the short convs and `kda` are reached through one
-output while their state outputs leave the layer, which a pattern's single-use rule refuses.
-A prefill or extend (T > 1) is never rewritten; only float32 values are (the kernels' dtype).
+and becomes `y, S', q_conv', k_conv', v_conv' = kda_decode_step(...)`, one kernel that reads
+the state once and writes it once. The site is walked by hand, not matched by a `Rule`: the
+convs and `kda` are reached through one output while their state outputs leave the layer,
+which a pattern's single-use rule refuses. Prefill and extend (T > 1) are never rewritten;
+only float32 sites are (the kernels' dtype).
 
 The pipeline has it where the backend lowers the op (`passes.for_backend` puts it after
 fuse-norms for TVM and Triton); elsewhere the layer keeps its ops. A pipeline that names the
@@ -27,7 +27,6 @@ from .driver import remove_dead
 from .registry import register_pass
 
 FUSED = ("kda_decode_step",)  # the ops this pass makes: a backend that lowers them gets the pass
-_FLOATS = ("f16", "bf16", "f32", "f64")
 
 
 class _Walk:
@@ -42,20 +41,17 @@ class _Walk:
         """The node of `op` that produces `value` as its output number `output`, when only the
         site reads that value (the node is claimed); None otherwise."""
         n = self.prod.get(value)
-        if n is None or n.op != op or n.outputs.index(value) != output:
-            return None
-        if value in self.outs or len(self.users.get(value, ())) != 1:
+        if n is None or n.op != op or n.outputs.index(value) != output or value in self.outs \
+                or len(self.users.get(value, ())) != 1:
             return None
         self.nodes.append(n)
         return n
 
     def op_of(self, value: str) -> str | None:
-        n = self.prod.get(value)
-        return n.op if n is not None else None
+        return getattr(self.prod.get(value), "op", None)
 
     def const(self, value: str) -> float | None:
-        n = self.prod.get(value)
-        return float(n.attrs["value"]) if n is not None and n.op == "const" else None
+        return float(self.prod[value].attrs["value"]) if self.op_of(value) == "const" else None
 
     def shaped(self, value: str, shape) -> bool:
         t = self.graph.types[value]
@@ -80,26 +76,24 @@ def _gate(w: _Walk, g: str, f_shape) -> dict | None:
     """The forget gate's f, a, dt_bias, kind and lower bound; None unless g is one of the two forms."""
     H, K = f_shape[2], f_shape[3]
     outer = w.node(g, "mul")
-    if outer is None:
-        return None
-    sig_lb = _either(outer, lambda s, c: w.const(c) is not None and w.op_of(s) == "sigmoid")
+    sig_lb = outer and _either(outer, lambda s, c: w.const(c) is not None and w.op_of(s) == "sigmoid")
     if sig_lb is not None:  # k3: lb * sigmoid(a * (f + dt_bias))
         kind, lb = "sigmoid", w.const(sig_lb[1])
         sig = w.node(sig_lb[0], "sigmoid")
         inner = sig and w.node(sig.inputs[0], "mul")
         pair = inner and _either(inner, lambda a, x: w.shaped(a, (H, 1)) and w.shaped(x, f_shape))
-    else:  # kimi-linear: a * softplus(f + dt_bias), a = -exp(A_log)
+    elif outer is not None:  # kimi-linear: a * softplus(f + dt_bias), a = -exp(A_log)
         kind, lb = "softplus", -5.0
         pair = _either(outer, lambda a, s: w.shaped(a, (H, 1)) and w.op_of(s) == "softplus")
         sp = pair and w.node(pair[1], "softplus")
         if not sp or sp.attrs.get("beta", 1.0) != 1.0 or sp.attrs.get("threshold", 20.0) != 20.0:
             return None
         pair = (pair[0], sp.inputs[0])
+    else:
+        return None
     add = pair and w.node(pair[1], "add")
     fx = add and _either(add, lambda f, d: w.shaped(f, f_shape) and w.shaped(d, (H, K)))
-    if not fx:
-        return None
-    return {"f": fx[0], "a": pair[0], "dt_bias": fx[1], "gate": kind, "lower_bound": lb}
+    return {"f": fx[0], "a": pair[0], "dt_bias": fx[1], "gate": kind, "lower_bound": lb} if fx else None
 
 
 def _site(graph: Graph, kda: Node):
@@ -110,11 +104,10 @@ def _site(graph: Graph, kda: Node):
     f_shape = graph.types[q].shape
     if not decode_step(graph, q) or not D.equal(f_shape[1], 1):
         return None
-    users = w.users.get(kda.outputs[0], ())
-    if kda.outputs[0] in w.outs or len(users) != 1 or users[0].op != "gated_rms_norm" \
-            or users[0].inputs[0] != kda.outputs[0]:
+    users = w.users.get(kda.outputs[0], [])
+    norm = users[0] if len(users) == 1 and kda.outputs[0] not in w.outs else None
+    if norm is None or norm.op != "gated_rms_norm" or norm.inputs[0] != kda.outputs[0]:
         return None
-    norm = users[0]
     qn, kn = _conv_norm(w, q), _conv_norm(w, k)
     v_shaped = w.node(v, "reshape")
     vc = v_shaped and w.node(v_shaped.inputs[0], "short_conv", 0)
@@ -123,14 +116,13 @@ def _site(graph: Graph, kda: Node):
     if not (qn and kn and vc and gate and sig):
         return None
     convs = [qn[0], kn[0], vc]
-    acts = {c.attrs.get("activation", "none") for c in convs}
-    eps = {qn[1].attrs["eps"], kn[1].attrs["eps"]}
-    if len(acts) != 1 or len(eps) != 1 or len({c.inputs[1] and graph.types[c.inputs[1]].shape[1] for c in convs}) != 1:
+    acts, eps = {c.attrs.get("activation", "none") for c in convs}, {qn[1].attrs["eps"], kn[1].attrs["eps"]}
+    if len(acts) != 1 or len(eps) != 1 or len({graph.types[c.inputs[1]].shape[1] for c in convs}) != 1:
         return None
     inputs = ([c.inputs[0] for c in convs] + [c.inputs[1] for c in convs] + [c.inputs[2] for c in convs]
               + [gate["f"], gate["a"], gate["dt_bias"], sig.inputs[0], state, norm.inputs[1], norm.inputs[2]])
     values = inputs + [o for n in [*w.nodes, kda, norm] for o in n.outputs]
-    if any(graph.types[x].dtype in _FLOATS and graph.types[x].dtype != "f32" for x in values):
+    if any(graph.types[x].dtype in ("f16", "bf16", "f64") for x in values):  # float32 sites only
         return None
     attrs = {"scale": kda.attrs["scale"], "gate": gate["gate"], "lower_bound": gate["lower_bound"],
              "activation": acts.pop(), "qk_eps": eps.pop(), "eps": norm.attrs["eps"]}

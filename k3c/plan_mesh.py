@@ -53,7 +53,7 @@ class DeployMesh:
         if isinstance(text, DeployMesh):
             return text
         if isinstance(text, Mesh):
-            return DeployMesh(tp=text.tp, ep=text.ep, vocab=text.vocab, dp=text.dp)
+            return DeployMesh(tp=text.tp, ep=text.ep, vocab=text.vocab, dp=text.dp, pp=text.pp)
         sizes, vocab = parse_axes(text, AXES)
         return DeployMesh(**sizes, vocab=vocab)
 

@@ -163,3 +163,16 @@ def test_cli_errors_are_one_line(capsys, args, says):
     assert main(["plan", "--model", "k3-tiny", *args]) == 2
     err = capsys.readouterr().err
     assert says in err and err.strip().count("\n") == 0, err
+
+
+@pytest.mark.parametrize("text", ["pp=2", "tp=2,pp=2", "dp=2,ep=2", "tp=2,ep=2,vocab"])
+def test_a_runtime_mesh_plans_as_its_text(text):
+    """plan() given the runtime's Mesh (as the mesh benchmark passes it) plans the mesh its text
+    names: every axis carried over, pp's per-stage sends included."""
+    from k3c.distributed.mesh import Mesh
+
+    model = _release("k3-tiny", None)
+    by_text = plan("k3-tiny", text, 16, model=model)
+    by_mesh = plan("k3-tiny", Mesh.parse(text), 16, model=model)
+    assert by_mesh == by_text
+    assert ("per_stage" in by_mesh) == ("pp=2" in text)

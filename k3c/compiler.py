@@ -18,7 +18,6 @@ from .ir import Graph
 from .passes.compute_dtype import LOW, POLICIES
 from .passes.state_dtype import STATE_DTYPES
 
-
 ZOO_ENTRIES = ("prefill", "decode", "extend")  # the entries of a zoo model's artifact
 
 

@@ -15,22 +15,18 @@ unless `keep`).
 from __future__ import annotations
 
 import json
-import queue
 import shutil
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
-from . import backends as backends_mod
-from .backends import artifact
 from .bisect import first_divergent_node, first_divergent_prefix  # noqa: F401  (public names)
-from .compiler import ZOO_ENTRIES, capture_entries, prepare, rebind_weights
+from .compiler import ZOO_ENTRIES, capture_entries, rebind_weights
+from .diff_builds import Builds, Built, backend_for, simulated  # noqa: F401  (backend_for: public here)
 from .diff_runs import Names, Worker, run_artifact
 from .errors import UsageError
 from .models.precision import BF16State, bf16_policy, fp32_copy, low_precision
@@ -136,21 +132,6 @@ def format_table(rows: list[tuple]) -> str:
 
 def seeded_ids(vocab: int, B: int, T: int, seed: int = 0) -> torch.Tensor:
     return torch.randint(0, vocab, (B, T), generator=torch.Generator().manual_seed(seed))
-
-
-def backend_for(spec: str, compute: str | None = None):
-    """A backend object from a name as `diff` takes it: NAME or NAME:FLAVOUR (onnx:ort),
-    computing in `compute` ("f32") when given."""
-    from .backend_spec import parse_backend
-
-    parsed = parse_backend(spec, "backend")
-    be = backends_mod.get(parsed.name, **parsed.options())
-    if compute is None or getattr(be, "compute_dtype", None) == compute:
-        return be
-    try:
-        return backends_mod.get(parsed.name, compute=compute, **parsed.options())
-    except TypeError:
-        raise UsageError(f"backend {spec!r} cannot compute in {compute}") from None
 
 
 @dataclass
@@ -268,7 +249,7 @@ def diff(model: torch.nn.Module, backends: list[str], *, seq_len: int = 130, bat
         say(f"stress {stress}: {model.stress}")
     ids = seeded_ids(model.config.vocab_size, batch, seq_len + decode_steps, seed)
     # an interpreted backend runs in a worker process, started now so that its imports overlap the capture
-    worker = Worker() if any(_simulated(s) for s in backends) else None
+    worker = Worker() if any(simulated(s) for s in backends) else None
     try:
         return _diff(model, backends, ids, name, worker, seq_len=seq_len, batch=batch, decode_steps=decode_steps,
                      capture_len=capture_len, passes=passes, out_root=out_root, bisect=bisect, say=say,
@@ -307,17 +288,17 @@ def _diff(model, backends: list[str], ids: torch.Tensor, name: str, worker, *, s
     report.policy = policy if compute == "bf16" else None
     # the artifacts are built one after another in a thread while this one checks the ones
     # built already: what overlaps is the native part of a build (TVM's LLVM, onnx's writer)
-    def built(spec: str, b: _Built) -> None:  # in the build thread: hand an interpreted backend to the worker
-        if worker is not None and _simulated(spec) and b.error is None:
+    def built(spec: str, b: Built) -> None:  # in the build thread: hand an interpreted backend to the worker
+        if worker is not None and simulated(spec) and b.error is None:
             worker.submit(spec, b.out_dir, ids, seq_len, decode_steps, Names.of(b.graphs))
 
-    builds = _Builds(backends, captured, passes, root, force, compute, state_dtype, built)
+    builds = Builds(backends, captured, passes, root, force, compute, state_dtype, built)
     try:
         if ref is None:
             ref = _eager(yardstick, ids, seq_len, decode_steps, state_dtype)
         checked, runners, in_worker = {}, {}, []
         for spec in builds.finished():  # in the order the builds finish; the worker's runs last
-            if worker is not None and _simulated(spec):
+            if worker is not None and simulated(spec):
                 in_worker.append(spec)
                 continue
             say(f"{spec}: running and checking")
@@ -330,10 +311,10 @@ def _diff(model, backends: list[str], ids: torch.Tensor, name: str, worker, *, s
         report.backends.update((spec, checked[spec]) for spec in backends)
         builds.join()
         if timing:  # warm prefills, one at a time, once every build has finished
-            report.eager_prefill_seconds = _seconds(lambda: model.prefill(ids[:, :seq_len]))
+            report.eager_prefill_seconds = _seconds(model.prefill, ids[:, :seq_len])
             for spec, runner in runners.items():
-                if runner is not None and not _simulated(spec):
-                    report.backends[spec].prefill_seconds = _seconds(lambda: runner.run("prefill", ids[:, :seq_len]))
+                if runner is not None and not simulated(spec):
+                    report.backends[spec].prefill_seconds = _seconds(runner.run, "prefill", ids[:, :seq_len])
     finally:
         # interrupted (Ctrl-C, SIGTERM): do not wait for a build in progress; remove what it began
         builds.join(wait=not isinstance(sys.exc_info()[1], KeyboardInterrupt))
@@ -344,104 +325,13 @@ def _diff(model, backends: list[str], ids: torch.Tensor, name: str, worker, *, s
     return report
 
 
-def _seconds(fn) -> float:
+def _seconds(fn, *args) -> float:
     t0 = time.perf_counter()
-    fn()
+    fn(*args)
     return time.perf_counter() - t0
 
 
-def _native_build(spec: str) -> bool:
-    try:
-        return bool(getattr(backend_for(spec), "native_build", False))
-    except Exception:  # an unknown name: its build fails first, with the reason
-        return False
-
-
-def _simulated(spec: str) -> bool:
-    """Whether the backend's speed says nothing: Triton under its interpreter."""
-    from .kernels.common import triton_mode
-
-    return spec.split(":")[0] == "triton" and triton_mode.interpreted()
-
-
-@dataclass
-class _Built:
-    spec: str
-    out_dir: Path
-    be: object = None
-    graphs: dict | None = None
-    runner: object = None
-    seconds: float = 0.0
-    error: BaseException | None = None
-
-
-class _Builds:
-    """Each backend's artifact (the pipeline as it runs it, legalized, written and loaded),
-    built one after another in one thread, those whose build is mostly native code (TVM's
-    LLVM: `native_build`) last, so that it overlaps with the checks of the others. The
-    pipeline runs once per distinct set of steps (prepare's memo): until legalize the graphs
-    of most backends are the same."""
-
-    def __init__(self, specs: list[str], captured: dict, passes, root: Path, force: bool,
-                 compute: str | None, state_dtype: str | None, built):
-        self._args = (captured, passes, force, compute, state_dtype)
-        self._built_hook = built  # called with each (spec, _Built) as it is built
-        # interpreted ones first (their runs are the longest), native builds last; else as given
-        order = sorted(specs, key=lambda s: (not _simulated(s), _native_build(s)))
-        self._done = {spec: threading.Event() for spec in order}
-        self._built = {spec: _Built(spec, root / spec.replace(":", "-")) for spec in order}
-        self._finished: queue.Queue[str] = queue.Queue()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="k3c-diff-builds", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        captured, passes, force, compute, state_dtype = self._args
-        memo: dict = {}
-        for spec, b in self._built.items():
-            if self._stop.is_set():
-                b.error = RuntimeError("not built: the diff stopped")
-            else:
-                try:
-                    b.be = backend_for(spec)
-                    b.graphs = prepare(captured, b.be, passes, None, compute, state_dtype, memo=memo)
-                    if compute == "bf16":
-                        from .precision_check import with_routing_outputs
-
-                        with_routing_outputs(b.graphs)
-                    t0 = time.perf_counter()
-                    artifact.write(b.be, b.graphs, b.out_dir, force=force)
-                    b.runner = b.be.load(b.out_dir)
-                    b.seconds = time.perf_counter() - t0
-                    self._built_hook(spec, b)
-                except BaseException as e:  # handed to the thread that checks this backend
-                    b.error = e
-            self._done[spec].set()
-            self._finished.put(spec)
-
-    def finished(self) -> Iterator[str]:
-        """Every backend's name, each as soon as its build has finished (or failed)."""
-        for _ in self._built:
-            yield self._finished.get()
-
-    def result(self, spec: str) -> _Built:
-        self._done[spec].wait()
-        return self._built[spec]
-
-    def join(self, wait: bool = True) -> None:
-        """Stop building; with `wait` False, return at once and remove the half-built folder of
-        a build in progress (artifact.write's `.NAME.new-*`), which the process's exit ends."""
-        self._stop.set()
-        if wait:
-            self._thread.join()
-            return
-        for spec, b in self._built.items():
-            if not self._done[spec].is_set():
-                for partial in b.out_dir.parent.glob(f".{b.out_dir.name}.new-*"):
-                    shutil.rmtree(partial, ignore_errors=True)
-
-
-def _diff_backend(spec: str, built: _Built, ids, seq_len: int, decode_steps: int, ref, bisect: bool, keep: bool,
+def _diff_backend(spec: str, built: Built, ids, seq_len: int, decode_steps: int, ref, bisect: bool, keep: bool,
                   say, compute: str | None, runs=None) -> tuple[BackendDiff, object]:
     """The check of one built backend, and its runner (None when it failed to build or run).
     `runs`: where its Runs come from when not run here (Worker.result)."""

@@ -55,7 +55,8 @@ def run_artifact(runner, ids: torch.Tensor, seq_len: int, decode_steps: int, nam
     state = dict(zip(names.prefill_outputs[1:], outs[1:]))
     try:
         for i in range(decode_steps):
-            outs = runner.run("decode", ids[:, seq_len + i: seq_len + i + 1], *[state[k] for k in names.decode_inputs[1:]])
+            step = ids[:, seq_len + i: seq_len + i + 1]
+            outs = runner.run("decode", step, *[state[k] for k in names.decode_inputs[1:]])
             runs.steps.append(list(outs))
             state = dict(zip(names.decode_outputs[1:], outs[1:]))
     except Exception as e:
@@ -124,7 +125,7 @@ class Worker:
 
 def _serve() -> None:
     """The worker's loop: one JSON job a line on stdin, one JSON answer a line on stdout."""
-    from .diff import backend_for
+    from .diff_builds import backend_for
 
     answers = os.fdopen(os.dup(1), "w")  # the answers' own channel: whatever else is printed goes to stderr
     os.dup2(2, 1)

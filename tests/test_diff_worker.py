@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from factories import example_ids
 
 import k3c
 from k3c.compiler import capture_entries, prepare
 from k3c.diff import backend_for, diff
 from k3c.diff_runs import Names, Worker, run_artifact
-from factories import example_ids
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +59,10 @@ def test_an_interpreted_backend_is_checked_through_the_worker(monkeypatch):
 
     submitted = []
     real_submit = Worker.submit
-    monkeypatch.setattr(diff_mod, "_simulated", lambda spec: spec == "reference")
+    import k3c.diff_builds as builds_mod
+
+    for mod in (diff_mod, builds_mod):  # where the order of the builds and the checks is decided
+        monkeypatch.setattr(mod, "simulated", lambda spec: spec == "reference")
     monkeypatch.setattr(Worker, "submit", lambda self, spec, *a: (submitted.append(spec), real_submit(self, spec, *a)))
     model = k3c.models.build("gpt2-tiny")
     report = diff(model, ["reference", "onnx"], seq_len=20, decode_steps=2)

@@ -1,0 +1,130 @@
+"""k3c diff's builds: each backend's artifact built in a thread beside the checks.
+
+The pipeline as the backend runs it (passes, legalize), written and loaded, one backend after
+another in one thread: the thread that checks them takes each as soon as it is built. Those
+whose build is mostly native code (TVM's LLVM: a backend's `native_build`) go last, so that it
+overlaps with the checks of the others; interpreted ones first (their runs are the longest,
+and go to a worker process: k3c/diff_runs.py). The pipeline runs once per distinct set of
+steps (prepare's memo): until legalize the graphs of most backends are the same.
+"""
+
+from __future__ import annotations
+
+import queue
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import backends as backends_mod
+from .backends import artifact
+from .compiler import prepare
+from .errors import UsageError
+
+
+def backend_for(spec: str, compute: str | None = None):
+    """A backend object from a name as `diff` takes it: NAME or NAME:FLAVOUR (onnx:ort),
+    computing in `compute` ("f32") when given."""
+    from .backend_spec import parse_backend
+
+    parsed = parse_backend(spec, "backend")
+    be = backends_mod.get(parsed.name, **parsed.options())
+    if compute is None or getattr(be, "compute_dtype", None) == compute:
+        return be
+    try:
+        return backends_mod.get(parsed.name, compute=compute, **parsed.options())
+    except TypeError:
+        raise UsageError(f"backend {spec!r} cannot compute in {compute}") from None
+
+
+def native_build(spec: str) -> bool:
+    try:
+        return bool(getattr(backend_for(spec), "native_build", False))
+    except Exception:  # an unknown name: its build fails first, with the reason
+        return False
+
+
+def simulated(spec: str) -> bool:
+    """Whether the backend's speed says nothing: Triton under its interpreter."""
+    from .kernels.common import triton_mode
+
+    return spec.split(":")[0] == "triton" and triton_mode.interpreted()
+
+
+@dataclass
+class Built:
+    spec: str
+    out_dir: Path
+    be: object = None
+    graphs: dict | None = None
+    runner: object = None
+    seconds: float = 0.0
+    error: BaseException | None = None
+
+
+class Builds:
+    """Each backend's artifact (the pipeline as it runs it, legalized, written and loaded),
+    built one after another in one thread, those whose build is mostly native code (TVM's
+    LLVM: `native_build`) last, so that it overlaps with the checks of the others. The
+    pipeline runs once per distinct set of steps (prepare's memo): until legalize the graphs
+    of most backends are the same."""
+
+    def __init__(self, specs: list[str], captured: dict, passes, root: Path, force: bool,
+                 compute: str | None, state_dtype: str | None, built):
+        self._args = (captured, passes, force, compute, state_dtype)
+        self._built_hook = built  # called with each (spec, Built) as it is built
+        # interpreted ones first (their runs are the longest), native builds last; else as given
+        order = sorted(specs, key=lambda s: (not simulated(s), native_build(s)))
+        self._done = {spec: threading.Event() for spec in order}
+        self._built = {spec: Built(spec, root / spec.replace(":", "-")) for spec in order}
+        self._finished: queue.Queue[str] = queue.Queue()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="k3c-diff-builds", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        captured, passes, force, compute, state_dtype = self._args
+        memo: dict = {}
+        for spec, b in self._built.items():
+            if self._stop.is_set():
+                b.error = RuntimeError("not built: the diff stopped")
+            else:
+                try:
+                    b.be = backend_for(spec)
+                    b.graphs = prepare(captured, b.be, passes, None, compute, state_dtype, memo=memo)
+                    if compute == "bf16":
+                        from .precision_check import with_routing_outputs
+
+                        with_routing_outputs(b.graphs)
+                    t0 = time.perf_counter()
+                    artifact.write(b.be, b.graphs, b.out_dir, force=force)
+                    b.runner = b.be.load(b.out_dir)
+                    b.seconds = time.perf_counter() - t0
+                    self._built_hook(spec, b)
+                except BaseException as e:  # handed to the thread that checks this backend
+                    b.error = e
+            self._done[spec].set()
+            self._finished.put(spec)
+
+    def finished(self) -> Iterator[str]:
+        """Every backend's name, each as soon as its build has finished (or failed)."""
+        for _ in self._built:
+            yield self._finished.get()
+
+    def result(self, spec: str) -> Built:
+        self._done[spec].wait()
+        return self._built[spec]
+
+    def join(self, wait: bool = True) -> None:
+        """Stop building; with `wait` False, return at once and remove the half-built folder of
+        a build in progress (artifact.write's `.NAME.new-*`), which the process's exit ends."""
+        self._stop.set()
+        if wait:
+            self._thread.join()
+            return
+        for spec, b in self._built.items():
+            if not self._done[spec].is_set():
+                for partial in b.out_dir.parent.glob(f".{b.out_dir.name}.new-*"):
+                    shutil.rmtree(partial, ignore_errors=True)

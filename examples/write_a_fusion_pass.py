@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> DiffReport:
     model = k3c.models.build("k3-tiny")
     ids = torch.zeros(2, 16, dtype=torch.long)
     report: list = []
-    graphs = capture_entries(model, (ids,))  # prefill and decode, captured once for both uses
+    graphs = capture_entries(model, (ids,), entries=("prefill", "decode"))  # captured once for both uses
     fused = passes.run(graphs["prefill"], PIPELINE, report=report)
     print(f"fuse-kda-gate: {report[-1].total_sites} sites in k3-tiny's prefill; {fused.op_counts()[OP]} {OP} nodes")
     print(f"{OP} runs as: {how_backends_run_it()}")

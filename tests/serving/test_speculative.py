@@ -33,7 +33,9 @@ def greedy(target):
     return generate(EagerRunner(target, cap), PROMPTS, N)[0], cap
 
 
-@pytest.mark.parametrize("draft_name,k", [("kimi-linear-tiny", 3), ("k3-tiny", 4)])
+# the other family's draft rolls back (the check that matters); the target as its own draft
+# (acceptance 1, no rollback) is the slow tier's
+@pytest.mark.parametrize("draft_name,k", [("kimi-linear-tiny", 3), pytest.param("k3-tiny", 4, marks=pytest.mark.slow)])
 def test_speculative_equals_greedy_eager(target, greedy, draft_name, k):
     want, cap = greedy
     draft = k3c.models.build(draft_name).eval()

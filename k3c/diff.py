@@ -269,7 +269,8 @@ def _diff(model, backends: list[str], ids: torch.Tensor, name: str, worker, *, s
     if captured is None:
         say(f"capturing {name}")
         captured = capture_entries(model, (ids[:, :capture_len],), entries=entries)
-    captured = rebind_weights({k: g for k, g in captured.items() if k in entries or "forward" in captured}, model)
+    else:  # captured from a model of this structure: this model's weights in copies of them
+        captured = rebind_weights({k: g for k, g in captured.items() if k in entries or "forward" in captured}, model)
     if compute is None and low_precision(model):
         compute = "f32"
     if compute == "bf16":

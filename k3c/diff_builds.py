@@ -76,9 +76,8 @@ class Builds:
         self._args = (captured, passes, force, compute, state_dtype)
         self._built_hook = built  # called with each (spec, Built) as it is built
         # interpreted ones first (their runs are the longest), native builds last; else as given
-        order = sorted(specs, key=lambda s: (not simulated(s), native_build(s)))
-        self._done = {spec: threading.Event() for spec in order}
-        self._built = {spec: Built(spec, root / spec.replace(":", "-")) for spec in order}
+        self._done = {spec: threading.Event() for spec in specs}
+        self._built = {spec: Built(spec, root / spec.replace(":", "-")) for spec in specs}
         self._finished: queue.Queue[str] = queue.Queue()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="k3c-diff-builds", daemon=True)
@@ -87,7 +86,10 @@ class Builds:
     def _run(self) -> None:
         captured, passes, force, compute, state_dtype = self._args
         memo: dict = {}
-        for spec, b in self._built.items():
+        # the order is decided here, not by the caller: telling a native build apart may import
+        # its backend (TVM: a second and more), which the checking thread need not wait for
+        for spec in sorted(self._built, key=lambda s: (not simulated(s), native_build(s))):
+            b = self._built[spec]
             if self._stop.is_set():
                 b.error = RuntimeError("not built: the diff stopped")
             else:

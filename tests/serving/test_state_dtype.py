@@ -31,7 +31,7 @@ from k3c.serving import record_compute
 
 BATCH, PROMPT, LENGTHS, MORE, STEPS = 2, 13, [13, 9], 7, 3
 # the portable ONNX flavour and TVM take minutes on two cores: in the slow tier (pytest -m slow)
-BACKENDS = ["reference", "onnx:ort", *(pytest.param(b, marks=pytest.mark.slow) for b in ("onnx", "tvm"))]
+BACKENDS = ["reference", "onnx:ort", *(pytest.param(b, marks=pytest.mark.slow) for b in ("onnx", "tvm", "triton"))]
 
 GRAPH = """graph decode {
   dim B in [1, inf]

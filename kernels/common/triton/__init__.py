@@ -74,8 +74,41 @@ def _patch_language_once_per_launch() -> None:
     itp.InterpretedFunction.__call__ = device_call_once
 
 
+def _patch_bf16_rounding() -> None:
+    """A GPU converts float32 to bfloat16 rounding to the nearest, ties to even
+    (`cvt.rn.bf16.f32`); triton's interpreter truncates (a cast passes no rounding mode), which
+    biases every BF16 value it stores by up to one unit in the last place. Where a model keeps
+    state in BF16 between calls that bias changes what the next call computes (a routing
+    decision flips). Make the interpreter's float32 -> bfloat16 cast round as the GPU does;
+    nothing is touched when triton's interpreter does not look as expected."""
+    try:
+        import numpy
+        import triton.language as tl
+        from triton.runtime import interpreter as itp
+
+        builder, handle = itp.InterpreterBuilder, itp.TensorHandle
+        cast = builder.cast_impl
+    except (ImportError, AttributeError):
+        return
+    if getattr(cast, "_k3c", False):
+        return
+
+    def cast_impl(self, src, dst_type):
+        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
+            bits = numpy.ascontiguousarray(src.data, dtype=numpy.float32).view(numpy.uint32)
+            rounded = ((bits + numpy.uint32(0x7FFF) + ((bits >> 16) & numpy.uint32(1))) >> 16).astype(numpy.uint16)
+            nan = numpy.isnan(src.data)
+            rounded = numpy.where(nan, ((bits >> 16) | numpy.uint32(0x40)).astype(numpy.uint16), rounded)
+            return handle(rounded.reshape(numpy.shape(src.data)), dst_type.scalar)
+        return cast(self, src, dst_type)
+
+    cast_impl._k3c = True
+    builder.cast_impl = cast_impl  # create_fp_trunc calls it too
+
+
 if INTERPRET:
     _patch_language_once_per_launch()
+    _patch_bf16_rounding()
 
 
 def autotune(configs: list[triton.Config], key: list[str], **kwargs):

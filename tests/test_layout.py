@@ -29,6 +29,15 @@ def test_no_module_over_400_lines():
     assert not long, f"modules over {MAX_LINES} lines: {long}"
 
 
+def test_no_two_test_modules_share_a_name():
+    """pytest imports a test module by its basename (the folders are not packages): a second
+    file of the same name is a collection error, not a second set of tests."""
+    seen: dict[str, list[str]] = {}
+    for path in (ROOT / "tests").rglob("test_*.py"):
+        seen.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    assert not {k: v for k, v in seen.items() if len(v) > 1}
+
+
 def test_no_pass_over_150_lines():
     passes = [p for p in (ROOT / "passes").glob("*.py") if "@register_pass(" in p.read_text()]
     assert len(passes) >= 7

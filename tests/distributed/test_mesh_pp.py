@@ -152,6 +152,7 @@ def report_state(model) -> list[str]:
     ("k3-tiny", "pp=2", "reference", {}),                  # nine layers: the AttnRes bank crosses
     ("k3-tiny", "pp=2,tp=2", "reference", SMALL),          # four processes: tp inside each stage
     ("kimi-linear-tiny", "pp=2", "onnx", {}),
+    ("kimi-linear-tiny", "pp=2,tp=2", "reference", SMALL),  # four processes
     ("k3-tiny", "pp=2", "tvm", {}),                        # a TVM build per stage: minutes on two cores
 ])
 def test_rank_processes_against_eager_and_plan(tmp_path, name, mesh, backend, overrides):

@@ -75,7 +75,6 @@ class Builds:
                  compute: str | None, state_dtype: str | None, built):
         self._args = (captured, passes, force, compute, state_dtype)
         self._built_hook = built  # called with each (spec, Built) as it is built
-        # interpreted ones first (their runs are the longest), native builds last; else as given
         self._done = {spec: threading.Event() for spec in specs}
         self._built = {spec: Built(spec, root / spec.replace(":", "-")) for spec in specs}
         self._finished: queue.Queue[str] = queue.Queue()
@@ -86,9 +85,14 @@ class Builds:
     def _run(self) -> None:
         captured, passes, force, compute, state_dtype = self._args
         memo: dict = {}
-        # the order is decided here, not by the caller: telling a native build apart may import
-        # its backend (TVM: a second and more), which the checking thread need not wait for
-        for spec in sorted(self._built, key=lambda s: (not simulated(s), native_build(s))):
+        # interpreted ones first (their runs are the longest), native builds last, else as given;
+        # decided here, not by the caller: telling a native build apart may import its backend
+        # (TVM: a second and more), which the checking thread need not wait for
+        try:
+            order = sorted(self._built, key=lambda s: (not simulated(s), native_build(s)))
+        except Exception:  # never a thread that ends before every backend is handed over
+            order = list(self._built)
+        for spec in order:
             b = self._built[spec]
             if self._stop.is_set():
                 b.error = RuntimeError("not built: the diff stopped")

@@ -73,7 +73,6 @@ class Worker:
         self._proc = subprocess.Popen([sys.executable, "-m", "k3c.diff_runs"], stdin=subprocess.PIPE,
                                       stdout=subprocess.PIPE, stderr=self._log, text=True)
         self._lock = threading.Lock()
-        self._jobs: dict[str, Path] = {}
 
     def submit(self, spec: str, out_dir: Path, ids: torch.Tensor, seq_len: int, decode_steps: int,
                names: Names) -> None:
@@ -82,7 +81,6 @@ class Worker:
         line = json.dumps({"spec": spec, "dir": str(out_dir), "job": str(job), "seq_len": seq_len,
                            "decode_steps": decode_steps})
         with self._lock:
-            self._jobs[spec] = out_dir
             self._proc.stdin.write(line + "\n")
             self._proc.stdin.flush()
 

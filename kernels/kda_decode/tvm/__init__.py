@@ -16,10 +16,11 @@ each a thread block with one thread (compiles and is correct; not tuned).
 
 from __future__ import annotations
 
-from tvm import s_tir, tirx
+from tvm import tirx
 from tvm.script import tirx as T
 
 from ...common.tvm import inner_loop
+from ...delta.tvm.recurrent import schedule_cuda, schedule_llvm
 from ..naive import GATES
 
 
@@ -163,16 +164,5 @@ def kda_decode_step(H: int, K: int, V: int, W: int, scale: float, gate: str, low
     return kernel
 
 
-def schedule_llvm(sch: s_tir.Schedule, block: str = "head") -> None:
-    """The (batch, head) blocks in parallel."""
-    b, h = sch.get_loops(sch.get_sblock(block))
-    sch.parallel(sch.fuse(b, h))
-
-
-def schedule_cuda(sch: s_tir.Schedule, block: str = "head") -> None:
-    """A thread block per (batch, head)."""
-    b, h = sch.get_loops(sch.get_sblock(block))
-    sch.bind(sch.fuse(b, h), "blockIdx.x")
-
-
+# one block per (batch, head), as the delta family's recurrent kernel: its schedules
 SCHEDULES = {"llvm": schedule_llvm, "cuda": schedule_cuda}

@@ -7,19 +7,25 @@ k3c.kernels.cache.tvm.
 - `mla_attention_absorbed_cached` (what fold-latent-moe makes of a decode step over a fixed
   cache) attends in the latent space reading each valid row once, split over key ranges;
   on llvm each split scores blocks of keys in vectors (kernels/cache/tvm_blocked.py).
-`causal_attention_cached` and the expanded `mla_attention_cached` run their decompositions.
+- `causal_attention_cached` and the expanded `mla_attention_cached` (an extend of several
+  tokens: a piece of a chunked prefill, a speculative verify) run the causal attention kernel
+  with each sequence's position as its offset: online softmax over the key blocks below the
+  tile's last visible key, so a call holds no [T, N] scores and its working memory is that of
+  its T rows, not of the capacity. What is O(capacity) is the keys transposed for the kernel
+  and, for MLA, the keys and values up-projected from the whole latent cache.
 """
 
 from __future__ import annotations
 
 from tvm import relax
 
+from ...ir import dims as D
 from ...ir import named_inputs
 from ...kernels.cache import tvm as K
 from ...kernels.cache.tvm_blocked import latent_split_blocked
 from .context import LowerContext
 from .dims import static_int
-from .kernel_ops import kernel_supports, tir
+from .kernel_ops import attention, kernel_supports, mla_attention, tir
 
 R = relax.op
 
@@ -83,5 +89,16 @@ def _absorbed_cached(ctx: LowerContext, node, q, ckv, krope, w_uk, w_uv, positio
     return R.reshape(R.permute_dims(o, [1, 0, 2]), relax.ShapeExpr([B, L, H, Dv]))
 
 
+def _causal_cached(ctx: LowerContext, node, q, k, v, positions):
+    ir = ctx.ir(node)
+    qt, vt = ctx.type_of(ir["q"]), ctx.type_of(ir["v"])
+    H, Dq = static_int(qt.shape[2], "query heads"), static_int(qt.shape[3], "query width")
+    G, Dv = static_int(vt.shape[2], "key/value heads"), static_int(vt.shape[3], "value width")
+    return attention(ctx, q, k, v, H, G, Dq, Dv, ctx.attrs(node)["scale"], ctx.shape(node.outputs[0]),
+                     D.decode_step(ctx.graph, ir["q"]), positions=positions)
+
+
 tir("cache_write", supports=_write_supports)(_cache_write)
+tir("causal_attention_cached")(_causal_cached)
+tir("mla_attention_cached")(mla_attention)
 tir("mla_attention_absorbed_cached")(_absorbed_cached)

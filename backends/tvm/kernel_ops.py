@@ -106,16 +106,21 @@ def _kda_decode_step(ctx: LowerContext, node, **inputs):
 # ---------------------------------------------------------------------------- attention
 
 def attention(ctx: LowerContext, q, k, v, H: int, G: int, D_: int, Dv: int, scale: float, out_shape,
-              decode: bool, name: str = "causal_attention") -> relax.Expr:
+              decode: bool, name: str = "causal_attention", positions=None) -> relax.Expr:
     """The causal attention kernel on q [B, L, H, D], k [B, S, G, D], v [B, S, G, Dv]
     (the kernel takes the keys transposed and padded by a key block, [B, G, D, S + KB]);
-    `decode`: the queries are a decode step's (one row each)."""
+    `decode`: the queries are a decode step's (one row each). `positions` (int64 [B]): k and v
+    are a fixed-capacity cache and row t of sequence b sees keys <= positions[b] + t (the
+    kernel reads the key blocks below that alone); else the last L of the S keys are the
+    queries' own."""
     rows = 1 if decode else None  # a decode step: no row tiles
-    gv = ctx.kernel((name, H, G, D_, Dv, scale, rows),
-                    lambda: causal_attention(H, G, D_, Dv, scale, ctx.target, R=rows), ATTN_SCHEDULES)
+    cached = positions is not None
+    gv = ctx.kernel((name, H, G, D_, Dv, scale, rows) + (("cached",) if cached else ()),
+                    lambda: causal_attention(H, G, D_, Dv, scale, ctx.target, R=rows, cached=cached), ATTN_SCHEDULES)
     pad = R.zeros(relax.ShapeExpr([out_shape[0], G, D_, KEY_BLOCK]), "float32")
     kT = ctx.bb.emit(R.concat([R.permute_dims(k, [0, 2, 3, 1]), pad], axis=3))
-    return ctx.call_tir(gv, [q, kT, v], [relax.TensorType(out_shape, "float32")])[0]
+    args = [q, kT, v] + ([positions] if cached else [])
+    return ctx.call_tir(gv, args, [relax.TensorType(out_shape, "float32")])[0]
 
 
 def _causal_attention(ctx: LowerContext, node, q, k, v):
@@ -126,8 +131,9 @@ def _causal_attention(ctx: LowerContext, node, q, k, v):
                      D.decode_step(ctx.graph, ir["q"]))
 
 
-def _mla_attention(ctx: LowerContext, node, q, ckv, krope, w_kv_b):
-    """Up-project the latent cache to per-head keys and values, then attend."""
+def mla_keys_values(ctx: LowerContext, node, ckv, krope, w_kv_b):
+    """MLA's latent cache up-projected to per-head keys [B, S, H, Dn + Dr] and values
+    [B, S, H, Dv] (krope shared by the heads)."""
     a, ir = ctx.attrs(node), ctx.ir(node)
     H, Dq = _static(ctx, ir["q"], 2, 3)
     (Dr,) = _static(ctx, ir["krope"], 2)
@@ -144,9 +150,17 @@ def _mla_attention(ctx: LowerContext, node, q, ckv, krope, w_kv_b):
     parts = ctx.bb.emit(R.split(kv, [Dn], axis=3))
     k_rope = R.broadcast_to(R.expand_dims(krope, [2]), relax.ShapeExpr([B, S, H, Dr]))
     k = ctx.bb.emit(R.concat([relax.TupleGetItem(parts, 0), k_rope], axis=3))
-    v = ctx.bb.emit(relax.TupleGetItem(parts, 1))
-    return attention(ctx, q, k, v, H, H, Dq, Dv, a["scale"], ctx.shape(node.outputs[0]),
-                     D.decode_step(ctx.graph, ir["q"]))
+    return k, ctx.bb.emit(relax.TupleGetItem(parts, 1))
+
+
+def mla_attention(ctx: LowerContext, node, q, ckv, krope, w_kv_b, positions=None):
+    """Up-project the latent cache to per-head keys and values, then attend (`positions`: over a
+    fixed-capacity cache, as `attention`)."""
+    a, ir = ctx.attrs(node), ctx.ir(node)
+    H, Dq = _static(ctx, ir["q"], 2, 3)
+    k, v = mla_keys_values(ctx, node, ckv, krope, w_kv_b)
+    return attention(ctx, q, k, v, H, H, Dq, a["v_head_dim"], a["scale"], ctx.shape(node.outputs[0]),
+                     D.decode_step(ctx.graph, ir["q"]), positions=positions)
 
 
 def mla_absorbed(ctx: LowerContext, node, q, ckv, krope, w_uk, w_uv, H: int, Dn: int, Dv: int, Dc: int, Dr: int,
@@ -286,7 +300,7 @@ def _gated_mlp(ctx: LowerContext, node, x, w):
 
 _RULES = {
     "short_conv": _short_conv, "kda_decode_step": _kda_decode_step,
-    "causal_attention": _causal_attention, "mla_attention": _mla_attention,
+    "causal_attention": _causal_attention, "mla_attention": mla_attention,
     "mla_attention_absorbed": _mla_attention_absorbed, "attn_res_mix": _attn_res_mix,
     "moe_gate_up": _moe_gate_up, "moe_down": _moe_down, "moe_experts": _moe_experts,
     "situ": _situ, "gated_mlp": _gated_mlp,

@@ -1,8 +1,10 @@
-"""TVM's latent attention over a fixed-capacity cache (mla_attention_absorbed_cached, the decode
-form fold-latent-moe makes) against the interpreter: sequences of one batch at different
-positions (the first row, a block's edge, the last rows of the capacity), one and several new
-tokens, a capacity that is no multiple of the kernel's key block, and the rows past each
-sequence's position holding NaN in the kernel's cache, which must never read them."""
+"""TVM's attention over a fixed-capacity cache against the interpreter: the latent form
+(mla_attention_absorbed_cached, the decode form fold-latent-moe makes), the expanded MLA form
+(mla_attention_cached, an extend of several tokens) and plain causal_attention_cached with key
+heads shared. Sequences of one batch at different positions (the first row, a block's edge,
+the last rows of the capacity), one and several new tokens, a capacity that is no multiple of
+the kernels' key block, and the rows past each sequence's position holding NaN in the
+kernel's cache, which must never read them."""
 
 from __future__ import annotations
 
@@ -14,11 +16,14 @@ from k3c.backends.tvm import TvmBackend
 from k3c.numerics import assert_close
 
 N, H, DN, DC, DR, DV = 150, 3, 20, 28, 12, 16
+G, DK = 1, 24  # causal_attention_cached: key/value heads (serving H = 3 query heads), key width
 
-GRAPH = f"""graph cached {{
+HEAD = """graph cached {
   dim B in [1, inf]
   dim T in [1, inf]
-  input %q: f32[B, T, {H}, {DN + DR}]
+"""
+GRAPHS = {
+    "absorbed": (HEAD + f"""  input %q: f32[B, T, {H}, {DN + DR}]
   input %ckv: f32[B, {N}, {DC}]
   input %krope: f32[B, {N}, {DR}]
   input %pos: i64[B]
@@ -27,35 +32,57 @@ GRAPH = f"""graph cached {{
   %o: f32[B, T, {H}, {DV}] = mla_attention_absorbed_cached(%q, %ckv, %krope, %wuk, %wuv, %pos) {{scale=0.17}}
   output o = %o
 }}
-"""
+""", "latent_split_blocked"),
+    "expanded": (HEAD + f"""  input %q: f32[B, T, {H}, {DN + DR}]
+  input %ckv: f32[B, {N}, {DC}]
+  input %krope: f32[B, {N}, {DR}]
+  input %pos: i64[B]
+  weight %wkvb: f32[{H * (DN + DV)}, {DC}]
+  %o: f32[B, T, {H}, {DV}] = mla_attention_cached(%q, %ckv, %krope, %wkvb, %pos) {{v_head_dim={DV}, scale=0.17}}
+  output o = %o
+}}
+""", "def causal_attention("),
+    "causal": (HEAD + f"""  input %q: f32[B, T, {H}, {DK}]
+  input %k: f32[B, {N}, {G}, {DK}]
+  input %v: f32[B, {N}, {G}, {DV}]
+  input %pos: i64[B]
+  %o: f32[B, T, {H}, {DV}] = causal_attention_cached(%q, %k, %v, %pos) {{scale=0.2}}
+  output o = %o
+}}
+""", "def causal_attention("),
+}
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    g = k3c.ir.parse(GRAPH)
+@pytest.fixture(scope="module", params=list(GRAPHS))
+def built(request, tmp_path_factory):
+    text, kernel = GRAPHS[request.param]
+    g = k3c.ir.parse(text)
     gen = torch.Generator().manual_seed(3)
     for name in g.weights:
         g.weights[name] = 0.3 * torch.randn(tuple(int(d) for d in g.types[name].shape), generator=gen)
-    out = tmp_path_factory.mktemp("tvm-cached-mla")
+    out = tmp_path_factory.mktemp(f"tvm-cached-{request.param}")
     be = TvmBackend(target="llvm")
     be.lower({"forward": g}, out)
-    return g, be.load(out), be.show({"forward": g})
+    shown = be.show({"forward": g})
+    assert kernel in shown and "softmax" not in shown, f"{request.param}: lowered by its kernel, not decomposed"
+    return g, be.load(out)
 
 
-@pytest.mark.parametrize("T, positions", [(1, [0, 31, 32, 149]), (3, [0, 64, 100, 147])],
-                         ids=["decode", "three-tokens"])
-def test_cached_latent_attention_matches_interpreter(built, T, positions):
-    g, runner, shown = built
-    assert "latent_split_blocked" in shown, "llvm lowers the cached attention with the blocked kernel"
+@pytest.mark.parametrize("T, positions", [(1, [0, 31, 32, 149]), (3, [0, 64, 100, 147]), (40, [0, 5, 110, 33])],
+                         ids=["decode", "three-tokens", "a-piece"])
+def test_cached_attention_matches_interpreter(built, T, positions):
+    g, runner = built
     B = len(positions)
     gen = torch.Generator().manual_seed(T)
-    q = torch.randn(B, T, H, DN + DR, generator=gen)
-    ckv, krope = torch.randn(B, N, DC, generator=gen), torch.randn(B, N, DR, generator=gen)
+    q, *cache = (torch.randn(B, *g.types[n].shape[1:], generator=gen) if i else
+                 torch.randn(B, T, *g.types[n].shape[2:], generator=gen) for i, n in enumerate(g.inputs[:3]))
     pos = torch.tensor(positions)
     seen = torch.arange(N)[None, :] <= pos[:, None] + T - 1  # [B, N]: the rows the last token sees
-    clean = [x.masked_fill(~seen[:, :, None], 0.0) for x in (ckv, krope)]
-    poisoned = [x.masked_fill(~seen[:, :, None], float("nan")) for x in (ckv, krope)]
-    want = k3c.ir.interpret(g, q, *clean, pos)[0]
-    got = runner.run("forward", q, *poisoned, pos)[0]
+
+    def keep(x, fill):
+        return x.masked_fill(~seen.reshape(B, N, *[1] * (x.dim() - 2)), fill)
+
+    want = k3c.ir.interpret(g, q, *[keep(x, 0.0) for x in cache], pos)[0]
+    got = runner.run("forward", q, *[keep(x, float("nan")) for x in cache], pos)[0]
     assert torch.isfinite(got).all(), "a row past a sequence's position was read"
-    assert_close(got, want, what=f"cached latent attention T={T} positions={positions}")
+    assert_close(got, want, what=f"cached attention T={T} positions={positions}")

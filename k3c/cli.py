@@ -123,7 +123,7 @@ def _cmd_diff(args: argparse.Namespace) -> int:
         if args.state_dtype not in (None, "f32"):
             raise UsageError("--mesh with --state-dtype: the per-rank artifacts hold their states in float32")
         return cli_mesh.diff_mesh(args, model, specs)
-    report = diff(model, specs, seq_len=args.seq_len, batch=args.batch,
+    report = diff(model, specs, seq_len=args.seq_len, batch=args.batch or 2,
                   decode_steps=args.decode_steps, passes=args.pipeline, out_root=args.out,
                   bisect=not args.no_bisect, progress=lambda m: print(m, file=sys.stderr), stress=args.stress,
                   keep=args.keep, force=args.force, compute=args.compute, state_dtype=args.state_dtype)
@@ -311,7 +311,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--backends", required=True, help="comma-separated backend names, or all")
     s.add_argument("--json", help="write the report as JSON to this file")
     s.add_argument("--seq-len", type=checks.count(1), default=130)
-    s.add_argument("--batch", type=checks.count(1), default=2)
+    s.add_argument("--batch", type=checks.count(1), help="sequences (default 2, or N with --mesh dp=N)")
     s.add_argument("--decode-steps", type=checks.count(0), default=8)
     s.add_argument("--pipeline", default="default")
     s.add_argument("--flavour", help="onnx flavours to check, comma-separated (default: portable,ort)")

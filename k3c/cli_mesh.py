@@ -28,9 +28,11 @@ def refuse_unchecked(args: argparse.Namespace) -> None:
 
 def diff_mesh(args: argparse.Namespace, model, specs) -> int:
     from .distributed.diff import diff_mesh, format_report
+    from .distributed.mesh import Mesh
 
     refuse_unchecked(args)
-    report = diff_mesh(model, specs, args.mesh, seq_len=args.seq_len, batch=args.batch,
+    batch = args.batch or max(2, Mesh.parse(args.mesh).dp)  # by default a row or more for each dp copy
+    report = diff_mesh(model, specs, args.mesh, seq_len=args.seq_len, batch=batch,
                        decode_steps=args.decode_steps, out_root=args.out, combine=args.combine,
                        passes=args.pipeline)
     print(format_report(report))
@@ -53,7 +55,7 @@ def add_plan(sub) -> None:
                                     "and a roofline estimate of tokens/s, on a mesh")
     s.add_argument("--model", required=True)
     s.add_argument("--mesh", required=True, help="dp=N,tp=N,ep=N,pp=N (any subset; ',vocab' splits the vocabulary "
-                                                 "over tp); pp with ep or dp, and dp but with ep = dp, are plan-only")
+                                                 "over tp); pp with ep or dp is plan-only")
     s.add_argument("--seq-len", type=checks.count(1), default=4096,
                    help="tokens of the counted prefill (and the context when --context is not given)")
     s.add_argument("--device", metavar="|".join(DEVICES),

@@ -2,12 +2,12 @@
 it could decode and prefill, for models too big to run here.
 
 The model is built on the meta device in its release dtypes (BF16, MXFP4 routed experts for
-K3). On a mesh the runtime runs without pp (tp, ep, and dp with ep = dp: k3c/distributed/mesh.py) it is
+K3). On a mesh the runtime runs without pp (tp, ep and dp: k3c/distributed/mesh.py) it is
 partitioned for rank 0 and its eager prefill (B = `batch`, T = `seq_len`) and one decode step
 run on meta tensors under a communicator that only counts (k3c.distributed.comm.ShapeComm,
 bytes as passes/cost.py's `sent_bytes` defines them): "per_token" and the ranks' weights are
-what the runtime holds and sends. A mesh with pp or another dp shape (k3c/plan_mesh.py) is
-plan-only: both come from the arithmetic of k3c/plan_roofline.py, which also gives every
+what the runtime holds and sends. A mesh with pp (with ep or dp it is plan-only:
+k3c/plan_mesh.py) is priced by the arithmetic of k3c/plan_roofline.py, which also gives every
 rank's state pool and, with a device, the estimate (k3c/plan_devices.py).
 
     plan("k3", "dp=16,ep=16", device="gb300", concurrency=256, context=9216)
@@ -18,8 +18,8 @@ rank's state pool and, with a device, the estimate (k3c/plan_devices.py).
           "prefill_tokens_per_s_per_gpu", ...}}
 
 `count` is the collectives per forward pass, `bytes` what one rank sends per token. The routed
-experts' combine is priced both ways (an all-reduce over the world, or the all-to-all dispatch
-and combine over the ep group at balanced routing, then the tp columns summed), the cheaper
+experts' combine is priced both ways (an all-reduce over the expert group, or the all-to-all
+dispatch and combine over it at balanced routing, then the tp columns summed), the cheaper
 named ("chosen") and the form the partition ran ("run": the chosen one unless `combine` says).
 """
 
@@ -134,7 +134,7 @@ def format_plan(p: dict) -> str:
     lines = [f"{p['model']} on {m['world']} ranks ({axes}{vocab}), {p['concurrency']} sequence(s) at "
              f"context {p['context']}, recurrent state {p['state_dtype']}"]
     if m.get("plan_only"):
-        lines.append("  plan-only: the runtime runs dp only with ep = dp, and pp only with tp; these figures are "
+        lines.append("  plan-only: the runtime runs pp only with tp (not with ep or dp); these figures are "
                      "arithmetic (k3c/plan_roofline.py)")
     lines.append(f"  state of one sequence (whole model): {_gb(p['state_bytes_per_seq'])}")
     stages = {}

@@ -2,18 +2,20 @@
 
     tp  splits the attention heads (KDA, MLA), the dense and shared-expert MLP widths and every
         routed expert's columns, as k3c/distributed/partition.py does;
-    ep  splits the routed experts; it lies over the dp axis: with dp >= ep a stage has tp * dp
-        ranks, the experts over ep of them and each expert's columns over the other dp / ep
-        (and tp); with ep > dp (dp = 1: what the runtime runs) a stage has tp * ep ranks and
-        the attention is copied ep / dp times over ranks that see the same sequences;
+    ep  splits the routed experts; it lies over the dp axis, one of the two dividing the other:
+        with dp >= ep a stage has tp * dp ranks, each block of ep copies holds every expert
+        once (E / ep a copy, its columns over tp) and the expert shards are copied dp / ep
+        times; with ep > dp (dp = 1 included) a stage has tp * ep ranks and the attention is
+        copied ep / dp times over ranks that see the same sequences;
     dp  copies the attention per group of tp ranks, each copy with its own sequences (the
         "data-parallel attention" of DEP: dp=16,ep=16 is 16 GPUs);
     pp  splits the layers into pp stages of consecutive layers, one stage per group of ranks.
 
-So a stage holds tp * max(dp, ep) ranks and the world is pp times that. The runtime
-(distributed.mesh.Mesh, `runtime()`) runs tp, ep, dp with ep = dp, and pp with tp alone; k3c
-plan counts the runs without pp on the partitioned model, and prices pp (whose stage handover
-the runtime's gloo runs match) and the other shapes, which are plan-only, by arithmetic.
+So a stage holds tp * max(dp, ep) ranks and the world is pp times that; the layout is the
+runtime's (distributed.mesh.Mesh, which `runtime()` gives). The runtime runs every shape
+without pp, and pp with tp alone; k3c plan counts the runs without pp on the partitioned
+model, and prices pp (whose stage handover the runtime's gloo runs match) and pp with ep or
+dp, which is plan-only, by arithmetic.
 
     DeployMesh.parse("dp=16,ep=16").world == 16;  DeployMesh.parse("tp=8,ep=16").world == 128
 """
@@ -67,12 +69,23 @@ class DeployMesh:
 
     @property
     def expert_split(self) -> int:
-        """Ways each MoE layer's routed expert bytes are split: every rank of a stage."""
-        return self.stage_ranks
+        """Ways each MoE layer's routed expert bytes are split: the tp * ep ranks of an expert
+        group (the stage but with dp > ep, where the groups hold copies of each other)."""
+        return self.tp * self.ep
+
+    @property
+    def expert_tokens(self) -> int:
+        """How many dp copies' tokens reach one expert group: min(dp, ep)."""
+        return min(self.dp, self.ep)
+
+    @property
+    def token_peers(self) -> int:
+        """Ranks of an expert group that hold the same tokens (the runtime's Mesh.token_peers)."""
+        return self.stage_ranks // self.dp
 
     def runtime(self) -> Mesh | None:
         """The runtime mesh that lays out the ranks alike, or None where the mesh is plan-only."""
-        runs = (self.dp == 1 or self.ep == self.dp) and (self.pp == 1 or max(self.dp, self.ep) == 1)
+        runs = self.pp == 1 or max(self.dp, self.ep) == 1
         return Mesh(self.tp, self.ep, self.vocab, self.dp, self.pp) if runs else None
 
     @property
@@ -95,12 +108,7 @@ class DeployMesh:
 
 
 def check_divides(mesh: DeployMesh, config) -> None:
-    """The runtime's divisibility checks (heads, widths, experts) for the tp and ep splits, and
-    the same for the columns of each expert over the ranks that share it."""
+    """The runtime's divisibility checks (heads, widths, experts) for the tp and ep splits."""
     from .distributed.mesh import check_divides as runtime_check
 
     runtime_check(Mesh(mesh.tp, mesh.ep, mesh.vocab), config)
-    cols = mesh.stage_ranks // mesh.ep
-    if cols > mesh.tp and config.moe_intermediate_size % cols:
-        raise UsageError(f"mesh {mesh}: the {cols} ranks that share an expert do not divide its "
-                         f"{config.moe_intermediate_size} columns (moe_intermediate_size)")

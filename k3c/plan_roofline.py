@@ -2,14 +2,16 @@
 estimate of decode and prefill tokens/s, from a model's Profile (k3c/plan_model.py), a
 DeployMesh (k3c/plan_mesh.py) and a Device (k3c/plan_devices.py).
 
-Memory per rank: its stage's weights (heads and widths / tp, routed experts / the stage's
-ranks, the rest whole) and the state pool of the sequences its dp copy serves (ceil(N / dp)),
-each at context L (recurrent KDA state and conv tails / tp, the MLA latent cache whole).
+Memory per rank: its stage's weights (heads and widths / tp, routed experts / tp ep, the
+ranks of an expert group, the rest whole) and the state pool of the sequences its dp copy
+serves (ceil(N / dp)), each at context L (recurrent KDA state and conv tails / tp, the MLA
+latent cache whole).
 
 A decode step of one stage on one rank (b sequences of its dp copy in the step; with pp the N
 sequences go as pp micro-batches, b = ceil(N / (dp pp))):
     bytes  = its weights once, the routed experts only as far as the step's tokens touch them:
-             n = dp b tokens each pick k of E experts, an expert is missed by all of them with
+             the n = min(dp, ep) b tokens of its expert group (the copies that share its
+             experts) each pick k of E experts, an expert is missed by all of them with
              probability (1 - k/E)^n, so a share 1 - (1 - k/E)^n of the expert bytes is read;
              + the state read and written (2x recurrent + conv tails), the latent cache read
              (L tokens) and one row written; + one embedding row per token.
@@ -97,13 +99,13 @@ def touched(p: Profile, tokens: float) -> float:
 def comm_per_token(p: Profile, mesh: DeployMesh, stage: int, combine: str = "auto") -> dict:
     """{op: {"count", "bytes"}}: collectives of one pass of `stage` and the bytes one rank sends
     per token of its dp copy (passes/cost.py's conventions: an all-reduce over M sends
-    2 (M-1)/M of the buffer). The routed experts' combine: dp = 1 as the runtime prices it
-    (all-reduce over the stage or all-to-all, `combine`), dp > 1 the runtime's four all-to-alls
-    over the stage (each rank sends its slice of its copy's tokens' slots, the outputs are
-    gathered among the ranks that share the copy's tokens: moe_dispatch's `peers`)."""
+    2 (M-1)/M of the buffer). The routed experts' combine over an expert group (tp ep ranks):
+    dp = 1 or ep = 1 as the runtime prices it (all-reduce or all-to-all, `combine`), else the
+    runtime's four all-to-alls (each rank sends its slice of its copy's tokens' slots, the
+    outputs are gathered among the ranks that share the copy's tokens: moe_dispatch's `peers`)."""
     cfg, d, item, tp = p.config, p.config.hidden_size, p.item, mesh.tp
     width = cfg.routed_expert_hidden_size or d
-    R, out = mesh.stage_ranks, {}
+    R, out = mesh.expert_split, {}  # the ranks of an expert group
 
     def add(op: str, count: int, nbytes: float) -> None:
         if nbytes > 0:
@@ -117,15 +119,15 @@ def comm_per_token(p: Profile, mesh: DeployMesh, stage: int, combine: str = "aut
             add("all_reduce", 1, sent_bytes("all_reduce", d * item, tp))
         if lay.routed.bytes == 0 or R == 1:
             continue
-        k, cols = cfg.top_k, R // mesh.ep
-        if mesh.dp == 1:
+        k = cfg.top_k
+        if mesh.dp == 1 or mesh.ep == 1:
             price = combine_bytes(width, item, k, tp, mesh.ep)
             how = combine if combine != "auto" else min(price, key=price.get)
             how = how if mesh.ep > 1 else "all_reduce"
             add(how, 1 if how == "all_reduce" else 4, price[how])
         else:
             n = 1 << 16  # tokens of a copy, to spread the row counts' bytes
-            add("all_to_all", 4, sum(exchange_bytes(n, k * cols, width, item, R, R // mesh.dp)) / n)
+            add("all_to_all", 4, sum(exchange_bytes(n, k * tp, width, item, R, mesh.token_peers)) / n)
     if mesh.vocab and stage == 0:
         add("all_reduce", 1, sent_bytes("all_reduce", d * item, tp))
     if mesh.vocab and stage == mesh.pp - 1:
@@ -160,7 +162,7 @@ def stage_time(p: Profile, mesh: DeployMesh, dev: Device, stage: int, seqs: int,
     vocab = mesh.tp if mesh.vocab else 1
     layers = _stage_layers(p, mesh)[stage]
     n = seqs * tokens  # the copy's tokens in this pass
-    share = touched(p, mesh.dp * n)
+    share = touched(p, mesh.expert_tokens * n)
     scale = _state_scale(p, state_item)
     nbytes = flops = fexp = 0.0
     for lay in layers:
@@ -170,7 +172,7 @@ def stage_time(p: Profile, mesh: DeployMesh, dev: Device, stage: int, seqs: int,
         nbytes += seqs * lay.latent * (tokens if prefill else context + 1)
         flops += 2 * n * (lay.split.macs / mesh.tp + lay.replicated.macs)
         flops += n * _context_flops(p, lay, context, prefill) / mesh.tp
-        fexp += 2 * mesh.dp * n * p.config.top_k * lay.routed.macs / mesh.expert_split
+        fexp += 2 * mesh.expert_tokens * n * p.config.top_k * lay.routed.macs / mesh.expert_split
     if stage == 0:
         nbytes += n * p.embed.bytes / p.config.vocab_size
     if stage == mesh.pp - 1:
@@ -182,7 +184,7 @@ def stage_time(p: Profile, mesh: DeployMesh, dev: Device, stage: int, seqs: int,
     hbm, compute = nbytes / dev.hbm_bytes_per_s, flops / dev.bf16_flops + fexp / peak_experts
     link = sent / dev.send_bytes_per_s
     return {"bytes": nbytes, "flops": flops, "expert_flops": fexp, "sent_bytes": sent,
-            "experts_touched": share, "moe_tokens": mesh.dp * n, "top_k": p.config.top_k,
+            "experts_touched": share, "moe_tokens": mesh.expert_tokens * n, "top_k": p.config.top_k,
             "experts": p.config.num_experts, "hbm_s": hbm, "compute_s": compute, "link_s": link,
             "bound": "hbm" if hbm >= compute else "compute", "seconds": max(hbm, compute) + link}
 

@@ -170,7 +170,7 @@ def run_cli(args, model: torch.nn.Module, specs: list[str]) -> int:
 
     from .diff import write_json
 
-    report = garbage_capacity(model, specs, batch=args.batch, out_root=args.out, keep=args.keep, force=args.force,
+    report = garbage_capacity(model, specs, batch=args.batch or 2, out_root=args.out, keep=args.keep, force=args.force,
                               passes=args.pipeline, progress=lambda m: print(m, file=sys.stderr))
     print(report.table(per_tensor=args.verbose))
     if args.json:

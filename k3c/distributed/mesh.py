@@ -1,23 +1,33 @@
 """A device mesh: `tp` ranks split the attention heads and MLP widths, `ep` ranks split the
 routed experts, `dp` ranks each own their sequences (data-parallel attention); the world is
 tp * max(dp, ep) ranks. Models without experts (the zoo's GPT-2 and linear-attention models)
-take tp only.
+take tp (and dp) only.
 
 Rank r sits at (copy index a, tp index t) = divmod(r, tp). Its tensor-parallel group is the tp
-ranks of its copy index (a tp ...), its expert-parallel group the ranks of its tp index over
-the copies. Without dp every rank sees the same tokens: the ep axis does not split attention
-(it runs replicated across it, tensor-parallel inside each tp group); the routed experts of a
-MoE are split over the ep group, each rank holding E / ep of them.
+ranks of its copy index (a tp ...). The routed experts are split over ep: copy a holds expert
+shard a % ep, so each block of ep consecutive copies (copies [b ep, (b+1) ep)) holds every
+expert once; the rank's expert group is the tp ep ranks of its block (where a token reaches
+its experts: the all-reduce or the all-to-all of a MoE runs over it), its ep group the ranks
+of its tp index in that block. Without dp every rank sees the same tokens: the ep axis does
+not split attention (it runs replicated across it, tensor-parallel inside each tp group); the
+routed experts of a MoE are split over the ep group, each rank holding E / ep of them.
 
-With dp (dp=N,ep=N: attention data-parallel, experts over the same N copies, as DEP deploys
-K3) copy a owns the batch rows `batch_rows(a)` of every request and a whole copy of the
-attention and KDA weights (split over its tp group); the routed experts are split over the
-copies as over ep, and a token reaches its experts' ranks by all-to-all and comes back. The
-runtime runs dp with ep = dp, or (a model without routed experts) dp alone; other shapes are
-plan-only (k3c/plan_mesh.py).
+With dp (data-parallel attention, as DEP deploys K3) the copies own the batch rows of a
+request: copy a runs the rows `batch_rows` of dp index a dp // max(dp, ep), on a whole copy
+of the attention and KDA weights (split over its tp group), and a token reaches its experts'
+ranks in its expert group by all-to-all and comes back. One of dp and ep divides the other:
+    dp = k ep   (dp=4,ep=2): dp copies, each its own rows; the expert shards are copied k
+                times, once in each of the dp / ep expert groups, which exchange nothing;
+    ep = k dp   (dp=2,ep=4): ep copies, k consecutive ones share a dp index (the same rows,
+                the attention replicated over them, as ep alone replicates it); one expert
+                group, the stage;
+    dp = ep     both at once; ep = 1: every copy holds every expert (split over its tp).
+`token_peers` is how many members of an expert group hold the same tokens (moe_dispatch's
+`peers`). Other dp x ep shapes are refused.
 
     mesh = Mesh.parse("tp=2,ep=2");  mesh.world == 4;  mesh.tp_group(3) == [2, 3]
     Mesh.parse("dp=2,ep=2").dp_index(1) == 1
+    Mesh.parse("dp=4,ep=2").expert_group(3) == [2, 3];  Mesh.parse("dp=4,ep=2").coords(3) == (1, 0)
 
 `pp` (pp=N, with tp or alone): the layers split into N stages of consecutive layers
 (`stage_layers`), one group of tp ranks each; rank r is in stage r // (tp max(dp, ep)) and its
@@ -49,9 +59,10 @@ class Mesh:
         for axis, n in (("tp", self.tp), ("ep", self.ep), ("dp", self.dp), ("pp", self.pp)):
             if not isinstance(n, int) or isinstance(n, bool) or n < 1:
                 raise UsageError(f"mesh: {axis} must be a whole number >= 1, got {n!r}")
-        if self.dp > 1 and self.ep not in (1, self.dp):
-            raise UsageError(f"mesh {self}: the runtime runs dp with ep = dp (each copy holds E / ep experts); "
-                             f"dp={self.dp},ep={self.ep} is plan-only (k3c plan)")
+        if self.copies % min(self.dp, self.ep):
+            raise UsageError(f"mesh {self}: dp and ep run where one divides the other (dp=k*ep: the expert shards "
+                             f"copied k times; ep=k*dp: the attention copied k times); dp={self.dp},ep={self.ep} "
+                             f"is neither")
         if self.pp > 1 and self.copies > 1:
             raise UsageError(f"mesh {self}: the runtime runs pipeline stages (pp) with tp only; pp with ep or dp "
                              f"is plan-only (k3c plan)")
@@ -97,15 +108,21 @@ class Mesh:
     def _base(self, rank: int) -> int:
         return self.stage(rank) * self.stage_ranks
 
+    @property
+    def token_peers(self) -> int:
+        """Members of an expert group that hold the same tokens: a copy's tp ranks, times the
+        ep / dp copies that share a dp index (the whole group without dp)."""
+        return self.tp * self.copies // self.dp
+
     def coords(self, rank: int) -> tuple[int, int]:
-        """(ep index, tp index) of `rank`."""
+        """(ep index: the expert shard, tp index) of `rank`."""
         a, t = self._place(rank)
-        return (a if self.ep > 1 else 0), t
+        return a % self.ep, t
 
     def dp_index(self, rank: int) -> int:
-        """The copy whose sequences `rank` runs (0 without dp)."""
+        """The dp copy whose sequences `rank` runs (0 without dp)."""
         a, _ = self._place(rank)
-        return a if self.dp > 1 else 0
+        return a * self.dp // self.copies
 
     def batch_rows(self, rank: int, batch: int) -> slice:
         """The rows of a batch of `batch` sequences that `rank`'s copy owns (all without dp)."""
@@ -122,8 +139,17 @@ class Mesh:
         return [self._base(rank) + a * self.tp + t for t in range(self.tp)]
 
     def ep_group(self, rank: int) -> list[int]:
+        """The ranks of `rank`'s tp index in its block of ep copies (one per expert shard)."""
         a, t = self._place(rank)
-        return [self._base(rank) + c * self.tp + t for c in range(self.ep)] if self.ep > 1 else [rank]
+        first = a - a % self.ep
+        return [self._base(rank) + c * self.tp + t for c in range(first, first + self.ep)] if self.ep > 1 else [rank]
+
+    def expert_group(self, rank: int) -> list[int]:
+        """The tp ep ranks of `rank`'s block of ep copies, which together hold every routed
+        expert: what a MoE's combine runs over (the stage unless dp > ep)."""
+        a, _ = self._place(rank)
+        first = self._base(rank) + (a - a % self.ep) * self.tp
+        return list(range(first, first + self.ep * self.tp))
 
     def stage_group(self, rank: int) -> list[int]:
         """Every rank of `rank`'s stage (the world without pp)."""
@@ -133,9 +159,11 @@ class Mesh:
         """Every group of more than one rank, tp groups first: what each rank process creates."""
         firsts = [s * self.stage_ranks for s in range(self.pp)]
         tp = [self.tp_group(f + a * self.tp) for f in firsts for a in range(self.copies)] if self.tp > 1 else []
-        ep = [self.ep_group(f + t) for f in firsts for t in range(self.tp)] if self.ep > 1 else []
+        blocks = [f + b * self.ep * self.tp for f in firsts for b in range(self.copies // self.ep)]
+        ep = [self.ep_group(f + t) for f in blocks for t in range(self.tp)] if self.ep > 1 else []
+        experts = [self.expert_group(f) for f in blocks] if self.dp > self.ep and self.ep * self.tp > 1 else []
         stages = [self.stage_group(f) for f in firsts] if self.pp > 1 and self.stage_ranks > 1 else []
-        return tp + ep + stages
+        return [list(g) for g in dict.fromkeys(map(tuple, tp + ep + experts + stages))]  # each once
 
     def to_json(self) -> dict:
         return {"tp": self.tp, "ep": self.ep, "dp": self.dp, "pp": self.pp, "world": self.world, "vocab": self.vocab}
@@ -174,9 +202,6 @@ def check_divides(mesh: Mesh, config) -> None:
         bad.append(f"tp={mesh.tp} does not divide the {config.vocab_size} vocabulary entries (vocab_size)")
     if config.num_experts % mesh.ep:
         bad.append(f"ep={mesh.ep} does not divide the {config.num_experts} routed experts (num_experts)")
-    if mesh.dp > 1 and mesh.ep != mesh.dp:
-        bad.append(f"dp={mesh.dp} needs ep={mesh.dp}: the data-parallel copies spread the routed experts "
-                   f"over themselves (dp without ep is plan-only for a model with experts)")
     if mesh.pp > config.num_layers:
         bad.append(f"pp={mesh.pp} stages for {config.num_layers} layers (num_layers)")
     if bad:

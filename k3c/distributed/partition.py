@@ -12,21 +12,24 @@ whole; every pass and backend then sees an ordinary graph with `all_reduce` node
       MLA   q (q_b) projection, kv_b_proj and g_proj by head; o_proj rowwise + all_reduce.
             The latent cache (ckv, krope) has no head axis: every tp rank keeps all of it.
       MLP   dense and shared-expert MLPs: gate/up colwise, down rowwise + all_reduce.
-    ep (expert parallel, group: the whole world)
+    ep (expert parallel, group: the rank's expert group, Mesh.expert_group: the world without dp)
       routed experts: rank (e, t) holds experts [e E/ep, (e+1) E/ep) and, of each, the
       intermediate columns [t I/tp, (t+1) I/tp). Every rank routes every token (the router is
       replicated). The outputs are combined by one of two forms (`combine`): "all_reduce",
       each rank runs its experts on the slots routed to them (the other slots weight 0) and
-      one all_reduce over the world sums the partial outputs; or "all_to_all", each rank
-      sends the slots of its token slice to the tp ranks holding their expert's columns
+      one all_reduce over the expert group sums the partial outputs; or "all_to_all", each
+      rank sends the slots of its token slice to the tp ranks holding their expert's columns
       (moe_dispatch), runs its experts on the rows it receives and sends the outputs back
       (moe_combine: weighted, summed per token, the slices gathered). "auto" takes the one
       passes/cost.py prices lower per token. The latent norm and up-projection follow.
-    dp (data parallel, with ep = dp): each copy runs its own batch rows (the runner hands
-      them over) on whole attention weights (split over its tp group only); the routed
-      experts are split over the copies as over ep and combined by the all-to-all only, with
-      `peers` = tp (a rank sends its slice of its own copy's tokens, the outputs are gathered
-      within its tp group). The zoo's models take dp without ep (nothing to exchange).
+    dp (data parallel; one of dp and ep divides the other): each copy runs its own batch rows
+      (the runner hands them over) on whole attention weights (split over its tp group only);
+      the routed experts are split over each block of ep copies as over ep (dp = k ep: k
+      blocks, each with every expert shard, exchanging nothing with each other) and, with ep
+      > 1, combined by the all-to-all only, with `peers` = Mesh.token_peers (a rank sends its
+      slice of its own copy's tokens, the outputs are gathered among the ranks that hold
+      them). With ep = 1 every copy holds every expert (split over its tp group, summed there).
+      The zoo's models take dp without ep (nothing to exchange).
     vocab (a mesh with "vocab"): the embedding by rows (ids outside the rank's range give
       zeros, an all_reduce over tp sums), the lm_head by output columns + all_gather.
     replicated: norms, routers, AttnRes, the latent projections (and without "vocab" the
@@ -115,15 +118,15 @@ class ReducedMLP(GatedMLP):
 class ShardedMoE(MoE):
     """The routed experts [lo, lo + n) of a MoE (intermediate columns already sliced), combined
     by `combine`: "all_reduce" (every rank runs its experts on the slots routed to them and the
-    partial outputs are summed over the world) or "all_to_all" (each rank sends its token
+    partial outputs are summed over `group`) or "all_to_all" (each rank sends its token
     slice's slots to the ranks holding their experts' columns and takes the outputs back:
-    moe_dispatch / moe_combine over the world)."""
+    moe_dispatch / moe_combine); `group` is the rank's expert group."""
 
     lo: int
     n_local: int
     group: list[int]
     combine: str = "all_reduce"
-    peers: int = 0  # dp: the tp ranks that share a copy's tokens (moe_dispatch's `peers`)
+    peers: int = 0  # dp: the ranks of the group that share a copy's tokens (moe_dispatch's `peers`)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, d = x.shape
@@ -153,9 +156,9 @@ class ShardedMoE(MoE):
     def _exchanged(self, h: torch.Tensor, idx: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """The slots of this rank's token slice to their experts' owners, the owners' outputs
         (unweighted) back, weighted and summed per token, every token's row gathered. Over
-        the world: an expert's columns are split over its tp group, so each slot goes to each
-        of those tp ranks (as a slot of its own, weighted alike) and its partial outputs sum
-        in the combine."""
+        the expert group: an expert's columns are split over its tp group, so each slot goes
+        to each of those tp ranks (as a slot of its own, weighted alike) and its partial
+        outputs sum in the combine."""
         idx, w = self._replicated(idx, w)
         if h.is_meta:  # shapes only (k3c plan): the rows at balanced routing, the bytes counted
             return _meta_exchange(self, h, idx)
@@ -164,7 +167,7 @@ class ShardedMoE(MoE):
         return ops.moe_combine(y, route, w, group=list(self.group), peers=self.peers)
 
     def _replicated(self, idx: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Expert e's t-th column slice as the slot id of world rank (e // n) tp + t's local
+        """Expert e's t-th column slice as the slot id of group member (e // n) tp + t's local
         expert e % n (moe_dispatch sends slot id v to member v // n as local expert v % n),
         looked up in `slot_ids` [E, tp]; each copy of a slot weighted alike."""
         if not hasattr(self, "slot_ids"):
@@ -270,8 +273,8 @@ def _moe(m: MoE, mesh: Mesh, rank: int, combine: str) -> None:
         b = getattr(ex, w2).detach()[lo:lo + n]
         per = b.shape[2] // mesh.tp  # w2's last dim is I (or I/2 packed, I/32 scales)
         setattr(ex, w2, nn.Parameter(b[:, :, t * per:(t + 1) * per].clone(), requires_grad=False))
-    m.I, m.lo, m.n_local, m.group = i, lo, n, list(range(mesh.world))
-    m.combine, m.peers = combine, (mesh.tp if mesh.dp > 1 else 0)
+    m.I, m.lo, m.n_local, m.group = i, lo, n, mesh.expert_group(rank)
+    m.combine, m.peers = combine, (mesh.token_peers if mesh.dp > 1 else 0)
     device = ex.w2.device if hasattr(ex, "w2") else ex.w2_packed.device
     m.register_buffer("expert_lo", torch.tensor(lo, dtype=torch.int64, device=device))
     if combine == "all_to_all" and mesh.tp > 1:  # the same table on every rank: one capture serves all
@@ -293,7 +296,8 @@ def choose_combine(moe: MoE, mesh: Mesh) -> dict:
         else moe.gate.weight.shape[1]
     item = moe.gate.weight.element_size()
     if mesh.dp > 1:  # the copies hold different tokens: no sum over them, only the exchange
-        a2a = sum(exchange_bytes(1 << 16, moe.top_k * mesh.tp, width, item, mesh.world, mesh.tp)) / (1 << 16)
+        a2a = sum(exchange_bytes(1 << 16, moe.top_k * mesh.tp, width, item, mesh.tp * mesh.ep,
+                                 mesh.token_peers)) / (1 << 16)
         ar = sent_bytes("all_reduce", width * item, mesh.tp)
         return {"all_reduce": None if mesh.ep > 1 else ar, "all_to_all": a2a,
                 "chosen": "all_to_all" if mesh.ep > 1 else "all_reduce"}
@@ -303,9 +307,10 @@ def choose_combine(moe: MoE, mesh: Mesh) -> dict:
 
 def combine_report(model: nn.Module, mesh: Mesh, combine: str = "auto") -> dict | None:
     """What the routed experts' combine costs each way per token (all MoE layers) and which
-    form the partition runs with `combine`; None for a model without routed experts."""
+    form the partition runs with `combine`; None for a model without routed experts or a
+    mesh that does not split them (tp = ep = 1)."""
     moes = [m for m in model.modules() if isinstance(m, MoE)]
-    if not moes or mesh.world == 1:
+    if not moes or mesh.tp * mesh.ep == 1:
         return None
     rows = [choose_combine(m, mesh) for m in moes]
     run = [(r["chosen"] if combine == "auto" or mesh.dp > 1 else combine) if mesh.ep > 1 else "all_reduce"

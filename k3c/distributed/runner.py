@@ -46,7 +46,8 @@ def rank_graphs(model: torch.nn.Module, mesh: Mesh, example_inputs: tuple,
     weights (even splits, the expert offset a buffer) and in which ranks their collectives
     name, so rank 0's part is captured once and each rank's graphs are those with its own
     weights bound and its groups put in: rank 0's tp group becomes the rank's tp group, its
-    ep group the rank's ep group (the world stays the world). `combine`: partition's."""
+    ep group the rank's ep group, its expert group the rank's expert group (the world stays the
+    world). `combine`: partition's."""
     if mesh.pp > 1:  # the partition sees one stage's mesh: the stages' own checks here
         check_divides(mesh, model.config)
     stage = mesh.stage_mesh()  # with pp every stage's ranks are partitioned as stage 0's
@@ -57,7 +58,7 @@ def rank_graphs(model: torch.nn.Module, mesh: Mesh, example_inputs: tuple,
         local = r - mesh.stage(r) * mesh.stage_ranks
         graphs = rebind_weights(first, partition(model, stage, local, combine)) if r else first
         names = {tuple(stage.tp_group(0)): mesh.tp_group(r), tuple(stage.ep_group(0)): mesh.ep_group(r),
-                 tuple(world): mesh.stage_group(r)}
+                 tuple(stage.expert_group(0)): mesh.expert_group(r), tuple(world): mesh.stage_group(r)}
         for g in graphs.values():
             for n in g.nodes:
                 if "group" in n.attrs and is_collective(n):

@@ -4,8 +4,9 @@ The names are the one-process model's (`layers.{i}.S`, `.conv_q`, ..., `.ckv`, `
 rank's entries hold its heads: the KDA state S [B, H, K, V] by head (dim 1), the conv tails
 [B, H K, W - 1] by channel (dim 1), the MLA latent cache whole on every rank (it has no head
 axis). Ranks of one tp index along the ep axis hold equal copies. With dp each copy holds the
-state of its own batch rows (Mesh.batch_rows: dim 0 of every entry), and the job it runs is
-its rows of the prompt and decode ids (`local_job`). With pp each stage's ranks hold the entries
+state of its own batch rows (Mesh.batch_rows: dim 0 of every entry; with ep = k dp the k copies
+of a dp index hold equal ones), and the job it runs is its rows of the prompt and decode ids
+(`local_job`). With pp each stage's ranks hold the entries
 of its layers only; `join_state` joins the stages' entries into one state.
 """
 
@@ -38,9 +39,9 @@ def split_state(state: dict[str, torch.Tensor], mesh: Mesh, rank: int) -> dict[s
 
 def join_state(states: list[dict[str, torch.Tensor]], mesh: Mesh) -> dict[str, torch.Tensor]:
     """The one-process state from the ranks' shards: each copy's tp shards joined by head (the
-    ranks of tp index 0 along ep hold copies of them, so the first copy serves), then the dp
-    copies' rows stacked; with pp each entry from the stage that holds it."""
-    copies = range(mesh.dp) if mesh.dp > 1 else range(1)
+    copies of one dp index hold equal ones, so its first copy serves), then the dp indices'
+    rows stacked; with pp each entry from the stage that holds it."""
+    copies = [d * (mesh.copies // mesh.dp) for d in range(mesh.dp)]  # the first copy of each dp index
     out = {}
     for name in dict.fromkeys(n for s in states for n in s):
         first = next(r for r, s in enumerate(states) if name in s)  # with pp: the first rank of its stage

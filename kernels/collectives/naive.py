@@ -27,8 +27,9 @@ runner's calls torch.distributed):
         all N rows.
 
 `peers` (both ops, 0: the whole group): data-parallel ranks hold different tokens, so only
-each block of `peers` consecutive members (a tp group) holds the same N tokens; a member takes
-its slice of its block's tokens and combine gathers the slices within the block only.
+each block of `peers` consecutive members (a copy's tp group, or the copies that share a dp
+index: k3c/distributed/mesh.py) holds the same N tokens; a member takes its slice of its
+block's tokens and combine gathers the slices within the block only.
 """
 
 from __future__ import annotations

@@ -3,13 +3,14 @@ own batch rows on whole attention weights, the routed experts spread over the co
 reached by all-to-all. The eager parts against the one-process model (simulator); the rank
 artifacts in gloo rank processes against it; the bytes each collective moved in that run
 against what `k3c plan` predicts for the mesh; the layout and its one-line refusals. (The
-kimi-linear-tiny and 20-step runs of `k3c diff --mesh dp=2,ep=2` are README's commands.)"""
+kimi-linear-tiny and 20-step runs of `k3c diff --mesh dp=2,ep=2` are README's commands; dp and
+ep of different sizes: test_mesh_dp_ep.py.)"""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from mesh_cases import SMALL, STEPS, T, eager_parts
+from mesh_cases import SMALL, balanced, bytes_equal_plan, eager_parts
 from mesh_cases import job as _job
 
 from k3c import models
@@ -19,7 +20,6 @@ from k3c.distributed.partition import partition
 from k3c.distributed.runner import compile_mesh
 from k3c.distributed.state import join_state, split_state
 from k3c.errors import UsageError
-from k3c.plan import plan
 from k3c.plan_mesh import DeployMesh
 from k3c.plan_model import profile
 from k3c.plan_roofline import comm_per_token
@@ -67,71 +67,44 @@ def test_layout_and_refusals():
     assert [m.batch_rows(r, 5) for r in (0, 3)] == [slice(0, 2), slice(2, 5)]
     assert Mesh.from_json(m.to_json()) == m and str(m) == "dp=2,tp=2,ep=2"
     assert DeployMesh.parse("dp=2,ep=2").runtime() == Mesh(1, 2, dp=2)
-    assert DeployMesh.parse("dp=2,ep=4").runtime() is None
+    assert DeployMesh.parse("dp=2,ep=4").runtime() == Mesh(1, 4, dp=2)  # more in test_mesh_dp_ep.py
     state = {"layers.0.S": torch.randn(4, 4, 3, 3), "layers.1.ckv": torch.randn(4, 5, 6)}
     joined = join_state([split_state(state, m, r) for r in range(m.world)], m)
     assert all(torch.equal(joined[k], state[k]) for k in state)
-    with pytest.raises(UsageError, match="dp=2,ep=4 is plan-only"):
-        Mesh.parse("dp=2,ep=4")
+    with pytest.raises(UsageError, match="dp=3,ep=2 is neither"):
+        Mesh.parse("dp=3,ep=2")
     with pytest.raises(UsageError, match="pp with ep or dp is plan-only"):
         Mesh.parse("dp=2,ep=2,pp=2")
-    with pytest.raises(UsageError, match="dp=2 needs ep=2"):
-        partition(models.build("k3-tiny", **SMALL), "dp=2", 0)
     with pytest.raises(UsageError, match="combine by all_to_all only"):
         partition(models.build("k3-tiny", **SMALL), "dp=2,ep=2", 0, combine="all_reduce")
     with pytest.raises(UsageError, match="a batch of 1 sequence.s. cannot give each of the 2"):
         m.batch_rows(0, 1)
 
 
-def _balanced(batch: int, seed: int) -> tuple[torch.nn.Module, dict]:
-    """k3-tiny (a KDA layer with a dense MLP, an MLA layer with a MoE) where every token picks
-    every expert (top_k = E): the routing is balanced by construction, so the all-to-all bytes
-    the plan prices at balanced routing are exact; and a job of `batch` rows."""
-    model = models.build("k3-tiny", **SMALL, top_k=8).eval()
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, model.config.vocab_size, (batch, T + STEPS), generator=g)
-    return model, {"input_ids": ids[:, :T], "decode_ids": ids[:, T:]}
-
-
-def _bytes_equal_plan(model: torch.nn.Module, mesh: Mesh, results: list[dict], rows: int) -> dict:
-    """Every rank's bytes and calls per primitive against the plan's per-token figures (counted
-    on rank 0's model on meta-free tensors, `rows` sequences a copy) times the tokens it ran;
-    returns the plan's decode figures."""
-    p = plan("k3-tiny", DeployMesh.parse(str(mesh)), T, model=model, batch=rows)
-    pre, dec = p["per_token"]["prefill"], p["per_token"]["decode"]
-    for r in results:
-        assert set(r["sent"]) == set(pre)
-        for op in pre:
-            assert r["sent"][op] == pytest.approx(pre[op]["bytes"] * rows * T + dec[op]["bytes"] * rows * STEPS,
-                                                  rel=1e-12, abs=0)
-            assert r["calls"][op] == pre[op]["count"] + dec[op]["count"] * STEPS
-    return dec
-
-
 def test_rank_processes_bytes_equal_the_plan(tmp_path):
     """dp=2 x ep=2 in two gloo processes on ONNX rank artifacts, a batch of 4 (2 rows a copy):
     against the one-process model (prefill, decode, the state joined back), and the bytes each
     rank handed torch.distributed per primitive equal to what `k3c plan` predicts."""
-    model, job = _balanced(4, 5)
+    model, job = balanced(4, 5)
     mesh = Mesh.parse("dp=2,ep=2")
     d = compile_mesh(model, "onnx", (job["input_ids"],), mesh, tmp_path)
     real = run_mesh(d, job, mesh.world, timeout_s=120)
     report = compare_mesh(model, real, job, mesh)
     assert report["ok"], report
-    assert set(_bytes_equal_plan(model, mesh, real, 2)) == {"all_to_all"}
+    assert set(bytes_equal_plan(model, mesh, real, 2)) == {"all_to_all"}
 
 
 def test_with_tp_bytes_equal_the_plan_and_its_arithmetic():
     """dp=2 x tp=2 x ep=2 (the eager parts in the simulator, which counts what it is handed as
     the rank processes do: tests/distributed/test_mesh.py): the all-reduces of tp and the
     all-to-alls equal the plan, and the roofline's arithmetic prices the same collectives."""
-    model, job = _balanced(4, 6)
+    model, job = balanced(4, 6)
     mesh = Mesh.parse("dp=2,tp=2,ep=2")
     results, comms = eager_parts(model, mesh, job)
     assert compare_mesh(model, results, job, mesh)["ok"]
     for res, c in zip(results, comms):
         res["sent"], res["calls"] = dict(c.sent), dict(c.calls)
-    dec = _bytes_equal_plan(model, mesh, results, 2)
+    dec = bytes_equal_plan(model, mesh, results, 2)
     assert set(dec) == {"all_reduce", "all_to_all"}
     # the same bytes but for the row counts each dispatch exchanges (8 B to each other rank a
     # call), which the arithmetic spreads over 2^16 tokens where a decode step of 2 rows has 2

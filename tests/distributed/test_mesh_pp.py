@@ -45,7 +45,7 @@ def test_layout_of_stages():
     mesh = Mesh.parse("pp=2,tp=2")
     assert (mesh.world, mesh.stage_ranks, [mesh.stage(r) for r in range(4)]) == (4, 2, [0, 0, 1, 1])
     assert mesh.tp_group(3) == [2, 3] and mesh.tp_group(0) == [0, 1] and mesh.stage_group(2) == [2, 3]
-    assert mesh.groups() == [[0, 1], [2, 3], [0, 1], [2, 3]]
+    assert mesh.groups() == [[0, 1], [2, 3]]  # each stage's tp group is the stage: made once
     assert Mesh.from_json(mesh.to_json()) == mesh and Mesh.parse(str(mesh)) == mesh
     # the plan's stages are the runtime's
     assert DeployMesh.parse("pp=3").stages(9) == stage_layers(9, 3) == [range(0, 3), range(3, 6), range(6, 9)]

@@ -99,7 +99,8 @@ def test_roofline_on_a_hand_checked_case():
 
 def test_pipeline_and_dp_arithmetic():
     """pp=2 over 2 layers: a stage holds one layer; dp=2 with ep=2: 2 ranks, experts halved,
-    the attention whole on each, each copy serves half of the sequences."""
+    the attention whole on each, each copy serves half of the sequences; dp=4 with ep=2: the
+    same halves copied twice, each copy a quarter of the sequences, the same sends a token."""
     p = _tiny_profile()
     p.layers.append(Layer(1, "kda", split=Cost(1e9, 5e8), replicated=Cost(0, 0), routed=Cost(4e9, 1e8), recurrent=1e6))
     dev = Device("hand", 100e9, 1e12, 2e11, 1e15, 1e15, 2e15, "round numbers")
@@ -112,9 +113,14 @@ def test_pipeline_and_dp_arithmetic():
     # width 8 x 2 B), its expert id (8 B) and takes the output back: 40 B a MoE layer, 2 layers
     sent = comm_per_token(p, DeployMesh(dp=2, ep=2), 0)
     assert set(sent) == {"all_to_all"} and sent["all_to_all"]["bytes"] == pytest.approx(2 * 40, rel=1e-3)
+    mem = memory(p, DeployMesh(dp=4, ep=2), dev, 4, 64)
+    assert mem["stages"][0]["weight_bytes"] == pytest.approx(2e9 + 1e8 + 4e9 + 1e6 + 2e8)
+    assert mem["stages"][0]["state_bytes"] == 1 * 2e6 and mem["max_concurrency"] % 4 == 0
+    assert comm_per_token(p, DeployMesh(dp=4, ep=2), 0) == sent
     assert DeployMesh(dp=2, ep=2).world == 2 and DeployMesh(tp=2, ep=4).world == 8
     assert DeployMesh(dp=8, ep=2, pp=2).world == 16 and DeployMesh(dp=2, pp=2).plan_only
-    assert DeployMesh(dp=8, ep=2).plan_only and not DeployMesh(dp=2, ep=2).plan_only
+    assert not DeployMesh(dp=8, ep=2).plan_only and not DeployMesh(dp=2, ep=8).plan_only
+    assert DeployMesh(dp=8, ep=2, pp=2).plan_only
 
 
 def test_arithmetic_matches_what_the_partition_counts():
@@ -165,7 +171,7 @@ def test_cli_errors_are_one_line(capsys, args, says):
     assert says in err and err.strip().count("\n") == 0, err
 
 
-@pytest.mark.parametrize("text", ["pp=2", "tp=2,pp=2", "dp=2,ep=2", "tp=2,ep=2,vocab"])
+@pytest.mark.parametrize("text", ["pp=2", "tp=2,pp=2", "dp=2,ep=2", "dp=4,ep=2", "tp=2,ep=2,vocab"])
 def test_a_runtime_mesh_plans_as_its_text(text):
     """plan() given the runtime's Mesh (as the mesh benchmark passes it) plans the mesh its text
     names: every axis carried over, pp's per-stage sends included."""

@@ -22,10 +22,10 @@ from tvm import relax
 from ...ir import dims as D
 from ...ir import named_inputs
 from ...kernels.cache import tvm as K
-from ...kernels.cache.tvm_blocked import latent_split_blocked
 from .context import LowerContext
 from .dims import static_int
 from .kernel_ops import attention, kernel_supports, mla_attention, tir
+from .latent import latent_attention
 
 R = relax.op
 
@@ -66,27 +66,9 @@ def _absorbed_cached(ctx: LowerContext, node, q, ckv, krope, w_uk, w_uv, positio
     N, Dc = static_int(ct.shape[1], "cache capacity"), static_int(ct.shape[2], "latent width")
     Dr = static_int(rt.shape[2], "rope width")
     Dv = static_int(ctx.type_of(ir["w_uv"]).shape[1], "value width")
-    Dn, scale = Dq - Dr, ctx.attrs(node)["scale"]
     B, L = ctx.shape(ir["q"])[:2]
-    rows = B * L
-    q_nope, q_rope = (relax.TupleGetItem(ctx.bb.emit(R.split(q, [Dn], axis=3)), i) for i in range(2))
-    q_heads = R.permute_dims(R.reshape(q_nope, relax.ShapeExpr([rows, H, Dn])), [1, 0, 2])  # [H, BL, Dn]
-    q_lat = R.permute_dims(R.matmul(q_heads, w_uk), [1, 0, 2])  # [BL, H, Dc]
-    q_abs = ctx.bb.emit(R.concat([R.reshape(q_lat, relax.ShapeExpr([B, L, H, Dc])), q_rope], axis=3))
-    if ctx.target == "llvm":  # blocks of keys in vectors, written out for the CPU (no schedule)
-        split = ctx.kernel(("latent_split_blocked", H, Dc, Dr, N, scale),
-                           lambda: latent_split_blocked(H, Dc, Dr, N, scale, K.SPLITS))
-    else:
-        split = ctx.kernel(("latent_split", H, Dc, Dr, N, scale),
-                           lambda: K.latent_split(H, Dc, Dr, N, scale, ctx.target), K.SPLIT_SCHEDULES)
-    merge = ctx.kernel(("latent_merge", H, Dc), lambda: K.latent_merge(H, Dc, ctx.target), K.MERGE_SCHEDULES)
-    S = K.SPLITS
-    parts = [relax.TensorType([B, L, S, H, Dc], "float32"), relax.TensorType([B, L, S, H, 2], "float32")]
-    acc, st = ctx.call_tir(split, [q_abs, ckv, krope, positions], parts)
-    (o_lat,) = ctx.call_tir(merge, [acc, st], [relax.TensorType([B, L, H, Dc], "float32")])
-    o_heads = R.permute_dims(R.reshape(o_lat, relax.ShapeExpr([rows, H, Dc])), [1, 0, 2])  # [H, BL, Dc]
-    o = R.matmul(o_heads, R.permute_dims(w_uv, [0, 2, 1]))  # [H, BL, Dv]
-    return R.reshape(R.permute_dims(o, [1, 0, 2]), relax.ShapeExpr([B, L, H, Dv]))
+    return latent_attention(ctx, q, ckv, krope, w_uk, w_uv, positions, B, L, H, Dq - Dr, Dv, Dc, Dr, N,
+                            ctx.attrs(node)["scale"])
 
 
 def _causal_cached(ctx: LowerContext, node, q, k, v, positions):

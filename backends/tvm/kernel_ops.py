@@ -35,6 +35,7 @@ from ..signs import check_decays
 from ..tables import builtin, builtin_family
 from .context import LowerContext
 from .dims import static_int
+from .latent import last_rows, latent_attention
 from .relax_ops import as_f32, decode_step, packable, packed_gemm, stored
 
 R = relax.op
@@ -170,6 +171,9 @@ def mla_absorbed(ctx: LowerContext, node, q, ckv, krope, w_uk, w_uv, H: int, Dn:
     w_uk [H, Dn, Dc], w_uv [H, Dv, Dc]: weight transforms only, lifted out of the call.
     """
     B, T = ctx.shape(ctx.ir(node)["q"])[:2]
+    if ctx.target == "llvm" and D.decode_step(ctx.graph, ctx.ir(node)["q"]):  # the cache read in place
+        return latent_attention(ctx, q, ckv, krope, w_uk, w_uv, last_rows(ctx, krope, Dr, B), B, T, H, Dn, Dv, Dc, Dr,
+                                None, scale)
     rows = B * T
     q_nope, q_rope = (relax.TupleGetItem(ctx.bb.emit(R.split(q, [Dn], axis=3)), i) for i in range(2))
     q_heads = R.permute_dims(R.reshape(q_nope, relax.ShapeExpr([rows, H, Dn])), [1, 0, 2])  # [H, BT, Dn]

@@ -101,6 +101,22 @@ def latent_split(H: int, Dc: int, Dr: int, N: int, scale: float, target: str = "
     return kernel
 
 
+def last_positions(Dr: int) -> tirx.PrimFunc:
+    """krope [B, N, Dr] -> positions int64 [B] = N - 1: a growing cache's decode step (its new
+    row is the last of the N), as the split kernels take it. Reads only krope's shape."""
+
+    @T.prim_func
+    def kernel(r_h: T.handle, p_h: T.handle):
+        T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True, "op_pattern": 8})  # 8: opaque
+        B, N = T.int64(), T.int64()
+        T.match_buffer(r_h, (B, N, Dr), "float32")
+        pos = T.match_buffer(p_h, (B,), "int64")
+        for b in range(B):
+            pos[b] = N - T.int64(1)
+
+    return kernel
+
+
 def latent_merge(H: int, Dc: int, target: str = "llvm", S: int = SPLITS) -> tirx.PrimFunc:
     """acc [B, L, S, H, Dc], stats [B, L, S, H, 2] -> o [B, L, H, Dc]: the splits combined."""
     cols = inner_loop(target)

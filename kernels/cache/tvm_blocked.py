@@ -29,19 +29,21 @@ GROUP = 8  # keys scored together: 8 independent FMA chains (4 left the FMA unit
 NEG = -3.0e38
 
 
-def latent_split_blocked(H: int, Dc: int, Dr: int, N: int, scale: float, S: int, keys: int = KEYS,
+def latent_split_blocked(H: int, Dc: int, Dr: int, scale: float, S: int, keys: int = KEYS,
                          group: int = GROUP) -> tirx.PrimFunc:
     """q [B, L, H, Dc + Dr], ckv [B, N, Dc], krope [B, N, Dr], positions [B]
     -> acc [B, L, S, H, Dc], stats [B, L, S, H, 2]: as `latent_split`, for llvm; `keys` rows a
-    block, `group` keys scored together (32 and 8 ran fastest of 32/64/128 x 8/16 at 64k rows)."""
+    block, `group` keys scored together (32 and 8 ran fastest of 32/64/128 x 8/16 at 64k rows).
+    N is any: a fixed cache's capacity, or a growing cache's rows (a decode step's positions
+    then being N - 1)."""
     Dk, KB, G = Dc + Dr, keys, group
     assert KB % G == 0, "a block holds whole groups of keys"
-    Sc, Nc = T.int64(S), T.int64(N)
+    Sc = T.int64(S)
 
     @T.prim_func
     def kernel(q_h: T.handle, c_h: T.handle, r_h: T.handle, p_h: T.handle, a_h: T.handle, s_h: T.handle):
         T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True, "op_pattern": 8})  # 8: opaque
-        B, L = T.int64(), T.int64()
+        B, L, Nc = T.int64(), T.int64(), T.int64()
         q = T.match_buffer(q_h, (B, L, H, Dk), "float32")
         ckv = T.match_buffer(c_h, (B, Nc, Dc), "float32")
         krope = T.match_buffer(r_h, (B, Nc, Dr), "float32")

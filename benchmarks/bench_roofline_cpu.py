@@ -3,6 +3,7 @@
     python benchmarks/bench_roofline_cpu.py                        # k3-small, P = T = 1024, 64 decode steps
     python benchmarks/bench_roofline_cpu.py --quick                # k3-tiny, 64 tokens, 4 steps (checks the script)
     python benchmarks/bench_roofline_cpu.py --backends onnx:ort --json roofline.json
+    python benchmarks/bench_roofline_cpu.py --backends tvm --compute f32,bf16   # the release artifact both ways
 
 Yardsticks first (torch on --threads threads): read bandwidth (a sum over a 1 GiB float32
 tensor), the fp32 and bf16 GEMM rates at 2048^3, the CPU's name and its avx2 / avx512f /
@@ -140,9 +141,12 @@ def build(name: str, precision: dict, layers: int | None, device: str | None = N
     return k3c.models.build(name, **precision, **extra)
 
 
-def compile_runner(model, spec: str, prompt: torch.Tensor, out: Path) -> tuple[object, float, dict]:
+def compile_runner(model, spec: str, prompt: torch.Tensor, out: Path,
+                   compute: str | None = None) -> tuple[object, float, dict]:
     name, _, flavour = spec.partition(":")
     options = {"flavour": flavour} if flavour else {}
+    if compute is not None:
+        options["compute"] = compute
     t0 = time.perf_counter()
     compiled = k3c.compile(model, name, (prompt[:, :16],), out_dir=out, **options)
     manifest = json.loads((out / "manifest.json").read_text()) if (out / "manifest.json").exists() else {}
@@ -196,6 +200,8 @@ def parse(argv) -> argparse.Namespace:
     p.add_argument("--repeat", type=int, default=3, help="turns per runner, fastest kept")
     p.add_argument("--backends", default="onnx:ort,tvm")
     p.add_argument("--precisions", default="fp32,bf16+mxfp4")
+    p.add_argument("--compute", default="f32",
+                   help="compute policies of the release-precision artifacts, e.g. f32,bf16 (one artifact each)")
     p.add_argument("--threads", type=int, default=2, help="torch threads of the yardsticks")
     p.add_argument("--bandwidth-mib", type=int, default=1024)
     p.add_argument("--gemm-n", type=int, default=2048)
@@ -246,14 +252,18 @@ def main(argv=None) -> dict:
             prompt = torch.randint(0, model.config.vocab_size, (1, args.prefill), generator=gen)
         classes = weight_classes(model)
         for spec in args.backends.split(","):
-            print(f"compiling {args.model} {prec} for {spec}", flush=True)
-            compiled, seconds, compute = compile_runner(model, spec, prompt,
-                                                        root / f"{prec}-{spec.replace(':', '-')}")
-            held = HELD["fp32"] if prec == "fp32" else HELD.get((spec, prec))
-            if held is None:
-                raise SystemExit(f"no held-bytes entry for {spec} at {prec}: add one to HELD")
-            runners.append({"key": f"{spec} {prec}", "backend": spec, "precision": prec, "compiled": compiled,
-                            "compile_s": seconds, "compute": compute, "held": held, "classes": classes})
+            for policy in (["f32"] if prec == "fp32" else args.compute.split(",")):
+                label_prec = prec if policy == "f32" else f"{prec}, {policy} compute"
+                print(f"compiling {args.model} {label_prec} for {spec}", flush=True)
+                compiled, seconds, compute = compile_runner(
+                    model, spec, prompt, root / f"{prec}-{policy}-{spec.replace(':', '-')}",
+                    None if policy == "f32" else policy)
+                held = HELD["fp32"] if prec == "fp32" else HELD.get((spec, prec))
+                if held is None:
+                    raise SystemExit(f"no held-bytes entry for {spec} at {prec}: add one to HELD")
+                runners.append({"key": f"{spec} {label_prec}", "backend": spec, "precision": label_prec,
+                                "compiled": compiled, "compile_s": seconds, "compute": compute, "held": held,
+                                "classes": classes})
         del model
     settle()
     measure(runners, prompt, args.decode, args.repeat, vocab)

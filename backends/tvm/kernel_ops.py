@@ -168,7 +168,9 @@ def mla_absorbed(ctx: LowerContext, node, q, ckv, krope, w_uk, w_uv, H: int, Dn:
                  scale: float) -> relax.Expr:
     """scores = [q_nope W_UK | q_rope] . [ckv | krope]; o = softmax(scores) ckv W_UV^T.
 
-    w_uk [H, Dn, Dc], w_uv [H, Dv, Dc]: weight transforms only, lifted out of the call.
+    w_uk [H, Dn, Dc], w_uv [H, Dv, Dc]: weight transforms only, lifted out of the call. A decode
+    step on llvm takes the split-key latent kernels (latent.py), which read the growing cache in
+    place; otherwise the causal attention kernel with the one latent head (its keys transposed).
     """
     B, T = ctx.shape(ctx.ir(node)["q"])[:2]
     if ctx.target == "llvm" and D.decode_step(ctx.graph, ctx.ir(node)["q"]):  # the cache read in place

@@ -89,9 +89,55 @@ def _heads_first(b, x: str) -> str:
     return b.op("permute", [x], perm=[0, 2, 1, 3])
 
 
+KEY_BLOCK = 1024  # cache rows a block of the decomposition scores at once (several tokens, static capacity)
+
+
 def _attn_decompose(b, q, k, v, positions, *, scale):
+    T, N = b.type(q).shape[1], b.type(k).shape[1]
+    if T != 1 and isinstance(N, int) and N > KEY_BLOCK:  # an extend over a large cache: blocks of keys
+        return [_heads_first(b, _blocked_attend(b, q, k, v, positions, scale))]
     scores = b.op("matmul", [_heads_first(b, q), b.op("permute", [k], perm=[0, 2, 3, 1])])
     return [_heads_first(b, _masked_softmax_attend(b, scores, _heads_first(b, v), positions, scale))]
+
+
+def _blocked_attend(b, q, k, v, positions: str, scale: float) -> str:
+    """softmax attention over the cache in blocks of KEY_BLOCK rows with a running max, sum and
+    output (online softmax), so an extend of T tokens holds [T, KEY_BLOCK] scores at a time, not
+    [T, N]: a chunked prefill's pieces then need memory by the piece. q [B, T, H, D], k
+    [B, N, G, D], v [B, N, G, Dv] -> [B, H, T, Dv]. Key 0 is visible to every token, so the
+    running max is finite after the first block; a masked key's weight is selected to 0, and
+    a value row past the last one written is selected to 0 before it is multiplied."""
+    B, T = b.type(q).shape[:2]
+    N = b.type(k).shape[1]
+    qh, dt = _heads_first(b, q), b.type(q).dtype
+    pos = b.op("reshape", [positions], shape=[B, 1, 1, 1])
+    seen = b.op("add", [pos, b.op("reshape", [b.op("arange", [], end=T)], shape=[1, 1, T, 1])])  # last key of t
+    written = b.op("add", [pos, b.op("reshape", [b.op("arange", [], start=D.normalize(T - 1), end=T)],
+                                    shape=[1, 1, 1, 1])])  # the last row written
+    m = o = total = None
+    for start in range(0, N, KEY_BLOCK):
+        end = min(start + KEY_BLOCK, N)
+        kb = b.op("slice", [k], dim=1, start=start, end=end)
+        vb = _heads_first(b, b.op("slice", [v], dim=1, start=start, end=end))  # [B, G, n, Dv]
+        j = b.op("arange", [], start=start, end=end)
+        vis = b.op("less", [b.op("reshape", [j], shape=[1, 1, 1, end - start]), b.op("add", [seen, b.const(1, "i64")])])
+        s = b.op("mul", [b.op("matmul", [qh, b.op("permute", [kb], perm=[0, 2, 3, 1])]), b.const(float(scale), dt)])
+        s = b.op("where", [vis, s, b.const(float("-inf"), dt)])
+        m_new = b.op("reduce_max", [s], dims=[3], keepdim=True)
+        if m is not None:
+            m_new = b.op("maximum", [m, m_new])
+        w = b.op("where", [vis, b.op("exp", [b.op("sub", [s, m_new])]), b.const(0.0, dt)])
+        used = b.op("less", [b.op("reshape", [j], shape=[1, 1, end - start, 1]), b.op("add", [written, b.const(1, "i64")])])
+        o_blk = b.op("matmul", [w, b.op("where", [used, vb, b.const(0.0, dt)])])
+        s_blk = b.op("reduce_sum", [w], dims=[3], keepdim=True)
+        if m is None:
+            o, total = o_blk, s_blk
+        else:
+            r = b.op("exp", [b.op("sub", [m, m_new])])
+            o = b.op("add", [b.op("mul", [o, r]), o_blk])
+            total = b.op("add", [b.op("mul", [total, r]), s_blk])
+        m = m_new
+    return b.op("div", [o, total])
 
 
 def _mla_decompose(b, q, ckv, krope, w_kv_b, positions, *, v_head_dim, scale):

@@ -68,3 +68,23 @@ def test_unused_capacity_is_never_read(where, tmp_path):
         got = run_ort(passes.run(g, ['decompose{ops=["causal_attention_cached"]}']), inputs, where)[0]
     assert torch.isfinite(got).all(), f"{where}: unused capacity reached the output"
     assert_close(got.double(), expected(*clean), dtype=torch.float32, what=f"{where} cached attention")
+
+
+@pytest.mark.parametrize("where", ["reference", "portable", "ort"])
+def test_an_extend_over_a_large_cache_attends_in_key_blocks(where, monkeypatch):
+    """Over a static capacity larger than the decomposition's key block, several new tokens
+    attend block by block with a running softmax (ir/ops/cache.py `_blocked_attend`): here
+    blocks of 5 rows over 12 (the last one ragged), garbage past the written rows as above."""
+    from k3c import passes
+    from k3c.ir.ops import cache
+
+    monkeypatch.setattr(cache, "KEY_BLOCK", 5)
+    _, inputs, clean = case()
+    g = op_graph("causal_attention_cached", [("q", f32(B_, T_, H, D)), ("k", f32(B_, N, H, D)),
+                                             ("v", f32(B_, N, H, DV)), ("positions", _i64(B_))],
+                 {"scale": 0.4}, dims=("B", "T"))
+    g = passes.run(g, ['decompose{ops=["causal_attention_cached"]}'])
+    assert sum(n.op == "reduce_max" for n in g.nodes) == 3, "three key blocks: 5 + 5 + 2 rows"
+    got = interpret(g, *inputs)[0] if where == "reference" else run_ort(g, inputs, where)[0]
+    assert torch.isfinite(got).all(), f"{where}: unused capacity reached the output"
+    assert_close(got.double(), expected(*clean), dtype=torch.float32, what=f"{where} blocked cached attention")

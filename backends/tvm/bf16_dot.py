@@ -5,10 +5,13 @@ rounding of an activation to BF16 (`rounded`) that a cast to bf16 lowers to.
 A GEMM takes it when all of these hold, decided once per node when the module is lowered:
 the target (this host's, or `llvm -mcpu=NAME`'s) has `avx512bf16`; the weight is held as BF16
 (relax_ops.stored); the activation is a float32 value cast from a BF16 one (the compute="bf16"
-policy's rounding, passes/compute_dtype.py), so multiplying it as BF16 changes nothing; and
-the GEMM is a prefill's (M rows of tokens), not a decode step's, which reads its weights once
-and is bound by their bytes (gemm.py's GEMV). Every other GEMM keeps the float32 panel kernel,
-so a compute="f32" module, and any module built for a CPU without AVX-512 BF16, is unchanged.
+policy's rounding, passes/compute_dtype.py), so multiplying it as BF16 changes nothing. A
+decode step's GEMMs take it too: they are bound by the weight's bytes, which are the same BF16
+panels, and the build lifts a weight's packing to load time only when every entry packs it
+alike (`LiftTransformParams(shared_transform=True)`): with the prefill on BF16 panels and the
+decode step on float32 ones, the decode step packed each weight again on every call (k3-small,
+B = 1: 23.8 ms a step against 9.5 ms now). Every other GEMM keeps the float32 panel kernel, so
+a compute="f32" module, and any module built for a CPU without AVX-512 BF16, is unchanged.
 """
 
 from __future__ import annotations
@@ -27,8 +30,8 @@ def holds_bf16(ctx, value: str) -> bool:
             and source not in ctx.graph.weights and ctx.type_of(source).dtype == "bf16")
 
 
-def takes_dot(ctx, x_value: str | None, wdtype: str | None, decode: bool) -> bool:
-    return (ctx.target == "llvm" and not decode and wdtype == "bfloat16" and x_value is not None
+def takes_dot(ctx, x_value: str | None, wdtype: str | None) -> bool:
+    return (ctx.target == "llvm" and wdtype == "bfloat16" and x_value is not None
             and holds_bf16(ctx, x_value) and target_has("avx512bf16", ctx.options.get("mcpu")))
 
 

@@ -231,7 +231,7 @@ def packed_gemm(ctx, x2, w, M, N: int, K: int, decode: bool, wdtype: str | None 
     value, lets a BF16 GEMM take the CPU's BF16 dot products (bf16_dot.py decides)."""
     from .bf16_dot import dot_gemm, takes_dot
 
-    if takes_dot(ctx, x_value, wdtype, decode):
+    if takes_dot(ctx, x_value, wdtype):
         return dot_gemm(ctx, x2, w, M, N, K)
     c = panel_width(ctx.options.get("mcpu"))
     P = -(-N // c)

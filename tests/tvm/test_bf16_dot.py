@@ -180,3 +180,19 @@ def test_a_sapphirerapids_build_of_a_bf16_compute_linear_holds_vdpbf16ps(tmp_pat
     if not NATIVE:
         with pytest.raises(ArtifactError, match="avx512bf16"):
             TvmBackend().load(out).run("forward", torch.zeros(2, 37))
+
+
+def test_a_decode_step_shares_the_prefills_packed_bf16_weights():
+    """Under compute="bf16" the decode step takes the dot kernel too: the packing of a weight is
+    lifted to load time only when every entry packs it alike, and a decode step on the float32
+    panels packed the weight again on every call."""
+    from k3c.backends.tvm import TvmBackend
+
+    graphs = {"prefill": _graphs()["forward"], "decode": _graphs()["forward"].copy()}
+    graphs["decode"].meta["entry"] = "decode"
+    shown = TvmBackend(target="llvm -mcpu=sapphirerapids").show(graphs)
+    decode = shown[shown.index("def decode"):]
+    decode = decode[:decode.index("\n    @R.function") if "\n    @R.function" in decode else len(decode)]
+    assert "cls.dot_linear_bf16" in decode, decode
+    assert "pack_panels" not in decode and "transpose" not in decode, f"a weight packed per call:\n{decode}"
+    assert "cls.pack_panels_bf16" in shown[shown.index("def transform_params"):]

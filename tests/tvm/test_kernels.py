@@ -230,16 +230,23 @@ def test_chunk_kda_strong_decay(built, case):
         assert_close(a, b, what=f"{case} strong decay output {name}")
 
 
-def test_mla_decode_is_absorbed_by_the_pass_not_the_backend(built):
+def test_mla_decode_is_absorbed_by_the_pass_not_the_backend(built, tmp_path):
     """A single query step of mla_attention lowers as written (the cache up-projected); the
-    absorbed form is fold-latent-moe's decision, and TVM runs what it makes in the latent space."""
+    absorbed form is fold-latent-moe's decision, and TVM runs what it makes in the latent space:
+    on llvm the split-key latent kernel, which reads the growing cache in place (its new row the
+    last: positions N - 1), equal to the interpreter."""
     g, runner = built("mla_attention_decode")
-    assert "mla_latent_attention" not in TvmBackend().show({"forward": g})
+    assert "latent_split" not in TvmBackend().show({"forward": g})
     inputs = inputs_for(g, 1, seed=11)
     assert_close(runner.run("forward", *inputs)[0], k3c.ir.interpret(g, *inputs)[0], what="MLA decode step")
     absorbed = k3c.passes.run(g, ["fold-latent-moe"])
     assert absorbed.op_counts() == {"mla_attention_absorbed": 1}
-    assert "mla_latent_attention" in TvmBackend().show({"forward": absorbed})
+    be = TvmBackend(target="llvm")
+    assert "latent_split_blocked" in be.show({"forward": absorbed})
+    be.lower({"forward": absorbed}, tmp_path)
+    inputs = inputs_for(absorbed, 1, seed=12)
+    assert_close(be.load(tmp_path).run("forward", *inputs)[0], k3c.ir.interpret(absorbed, *inputs)[0],
+                 what="absorbed MLA decode step")
 
 
 @pytest.mark.parametrize("rows, c", [(1, 16), (6, 16), (1, 32), (8, 32)], ids=lambda v: str(v))

@@ -65,3 +65,20 @@ def bytes_equal_plan(model: torch.nn.Module, mesh: Mesh, results: list[dict], ro
                                                   rel=1e-12, abs=0)
             assert r["calls"][op] == pre[op]["count"] + dec[op]["count"] * STEPS
     return dec
+
+
+def gloo_run_equals_one_process_and_plan(backend: str, mesh: str, batch: int, seed: int, tmp_path) -> None:
+    """The balanced model's rank artifacts for `backend` in gloo rank processes on `mesh`, a
+    batch of `batch` (2 rows a copy): against the one-process model (prefill, decode, the
+    state joined back), and the bytes each rank handed torch.distributed per primitive equal
+    to what `k3c plan` predicts (all-to-all alone)."""
+    from k3c.distributed.diff import compare_mesh, run_mesh
+    from k3c.distributed.runner import compile_mesh
+
+    model, work = balanced(batch, seed)
+    m = Mesh.parse(mesh)
+    d = compile_mesh(model, backend, (work["input_ids"],), m, tmp_path)
+    real = run_mesh(d, work, m.world, timeout_s=120)
+    report = compare_mesh(model, real, work, m)
+    assert report["ok"], report
+    assert set(bytes_equal_plan(model, m, real, 2)) == {"all_to_all"}

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from mesh_cases import SMALL, balanced, bytes_equal_plan, eager_parts
+from mesh_cases import SMALL, balanced, bytes_equal_plan, eager_parts, gloo_run_equals_one_process_and_plan
 from mesh_cases import job as _job
 
 from k3c import models
-from k3c.distributed.diff import compare_mesh, run_mesh
+from k3c.distributed.diff import compare_mesh
 from k3c.distributed.mesh import Mesh
 from k3c.distributed.partition import partition
-from k3c.distributed.runner import compile_mesh
 from k3c.distributed.state import join_state, split_state
 from k3c.errors import UsageError
 from k3c.plan_mesh import DeployMesh
@@ -85,13 +84,7 @@ def test_rank_processes_bytes_equal_the_plan(tmp_path):
     """dp=2 x ep=2 in two gloo processes on ONNX rank artifacts, a batch of 4 (2 rows a copy):
     against the one-process model (prefill, decode, the state joined back), and the bytes each
     rank handed torch.distributed per primitive equal to what `k3c plan` predicts."""
-    model, job = balanced(4, 5)
-    mesh = Mesh.parse("dp=2,ep=2")
-    d = compile_mesh(model, "onnx", (job["input_ids"],), mesh, tmp_path)
-    real = run_mesh(d, job, mesh.world, timeout_s=120)
-    report = compare_mesh(model, real, job, mesh)
-    assert report["ok"], report
-    assert set(bytes_equal_plan(model, mesh, real, 2)) == {"all_to_all"}
+    gloo_run_equals_one_process_and_plan("onnx", "dp=2,ep=2", 4, 5, tmp_path)
 
 
 def test_with_tp_bytes_equal_the_plan_and_its_arithmetic():

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from mesh_cases import SMALL, STEPS, T, balanced, bytes_equal_plan, eager_parts
+from mesh_cases import SMALL, STEPS, T, balanced, bytes_equal_plan, eager_parts, gloo_run_equals_one_process_and_plan
 
 from k3c import models
 from k3c.cli import main
-from k3c.distributed.diff import compare_mesh, run_mesh
+from k3c.distributed.diff import compare_mesh
 from k3c.distributed.mesh import Mesh
 from k3c.distributed.partition import ShardedMoE
-from k3c.distributed.runner import compile_mesh
 from k3c.distributed.state import join_state, split_state
 from k3c.errors import UsageError
 from k3c.plan import plan
@@ -97,13 +96,7 @@ def test_rank_processes_bytes_equal_the_plan(tmp_path):
     copy): against the one-process model (prefill, decode, the state joined back), and the
     bytes each rank handed torch.distributed per primitive equal to what `k3c plan` predicts.
     (About 10 s on two cores, most of it the capture.)"""
-    model, job = balanced(8, 7)
-    mesh = Mesh.parse("dp=4,ep=2")
-    d = compile_mesh(model, "reference", (job["input_ids"],), mesh, tmp_path)
-    real = run_mesh(d, job, mesh.world, timeout_s=120)
-    report = compare_mesh(model, real, job, mesh)
-    assert report["ok"], report
-    assert set(bytes_equal_plan(model, mesh, real, 2)) == {"all_to_all"}
+    gloo_run_equals_one_process_and_plan("reference", "dp=4,ep=2", 8, 7, tmp_path)
 
 
 @pytest.mark.parametrize("mesh", ["dp=4,ep=2", "dp=4,tp=2,ep=2", "dp=2,ep=4"])

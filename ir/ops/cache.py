@@ -111,23 +111,25 @@ def _blocked_attend(b, q, k, v, positions: str, scale: float) -> str:
     N = b.type(k).shape[1]
     qh, dt = _heads_first(b, q), b.type(q).dtype
     pos = b.op("reshape", [positions], shape=[B, 1, 1, 1])
-    seen = b.op("add", [pos, b.op("reshape", [b.op("arange", [], end=T)], shape=[1, 1, T, 1])])  # last key of t
-    written = b.op("add", [pos, b.op("reshape", [b.op("arange", [], start=D.normalize(T - 1), end=T)],
-                                    shape=[1, 1, 1, 1])])  # the last row written
+    one = b.const(1, "i64")
+    seen = b.op("add", [b.op("add", [pos, b.op("reshape", [b.op("arange", [], end=T)], shape=[1, 1, T, 1])]),
+                        one])  # keys below this one are visible to token t
+    last = b.op("reshape", [b.op("arange", [], start=D.normalize(T - 1), end=T)], shape=[1, 1, 1, 1])
+    written = b.op("add", [b.op("add", [pos, last]), one])  # rows below this one are written
     m = o = total = None
     for start in range(0, N, KEY_BLOCK):
         end = min(start + KEY_BLOCK, N)
         kb = b.op("slice", [k], dim=1, start=start, end=end)
         vb = _heads_first(b, b.op("slice", [v], dim=1, start=start, end=end))  # [B, G, n, Dv]
         j = b.op("arange", [], start=start, end=end)
-        vis = b.op("less", [b.op("reshape", [j], shape=[1, 1, 1, end - start]), b.op("add", [seen, b.const(1, "i64")])])
+        vis = b.op("less", [b.op("reshape", [j], shape=[1, 1, 1, end - start]), seen])
         s = b.op("mul", [b.op("matmul", [qh, b.op("permute", [kb], perm=[0, 2, 3, 1])]), b.const(float(scale), dt)])
         s = b.op("where", [vis, s, b.const(float("-inf"), dt)])
         m_new = b.op("reduce_max", [s], dims=[3], keepdim=True)
         if m is not None:
             m_new = b.op("maximum", [m, m_new])
         w = b.op("where", [vis, b.op("exp", [b.op("sub", [s, m_new])]), b.const(0.0, dt)])
-        used = b.op("less", [b.op("reshape", [j], shape=[1, 1, end - start, 1]), b.op("add", [written, b.const(1, "i64")])])
+        used = b.op("less", [b.op("reshape", [j], shape=[1, 1, end - start, 1]), written])
         o_blk = b.op("matmul", [w, b.op("where", [used, vb, b.const(0.0, dt)])])
         s_blk = b.op("reduce_sum", [w], dims=[3], keepdim=True)
         if m is None:

@@ -35,7 +35,7 @@ from ..signs import check_decays
 from ..tables import builtin, builtin_family
 from .context import LowerContext
 from .dims import static_int
-from .latent import last_rows, latent_attention
+from .latent import into_latent, last_rows, latent_attention, out_of_latent
 from .relax_ops import as_f32, decode_step, packable, packed_gemm, stored
 
 R = relax.op
@@ -176,18 +176,12 @@ def mla_absorbed(ctx: LowerContext, node, q, ckv, krope, w_uk, w_uv, H: int, Dn:
     if ctx.target == "llvm" and D.decode_step(ctx.graph, ctx.ir(node)["q"]):  # the cache read in place
         return latent_attention(ctx, q, ckv, krope, w_uk, w_uv, last_rows(ctx, krope, Dr, B), B, T, H, Dn, Dv, Dc, Dr,
                                 None, scale)
-    rows = B * T
-    q_nope, q_rope = (relax.TupleGetItem(ctx.bb.emit(R.split(q, [Dn], axis=3)), i) for i in range(2))
-    q_heads = R.permute_dims(R.reshape(q_nope, relax.ShapeExpr([rows, H, Dn])), [1, 0, 2])  # [H, BT, Dn]
-    q_lat = R.permute_dims(R.matmul(q_heads, w_uk), [1, 0, 2])  # [BT, H, Dc]
-    q_abs = R.concat([R.reshape(q_lat, relax.ShapeExpr([B, T, H, Dc])), q_rope], axis=3)
+    q_abs = into_latent(ctx, q, w_uk, B, T, H, Dn, Dc)
     k_abs = R.expand_dims(R.concat([ckv, krope], axis=2), [2])  # [B, S, 1, Dc + Dr]
-    o_lat = attention(ctx, ctx.bb.emit(q_abs), ctx.bb.emit(k_abs), ctx.bb.emit(R.expand_dims(ckv, [2])),
+    o_lat = attention(ctx, q_abs, ctx.bb.emit(k_abs), ctx.bb.emit(R.expand_dims(ckv, [2])),
                       H, 1, Dc + Dr, Dc, scale, [B, T, H, Dc], D.decode_step(ctx.graph, ctx.ir(node)["q"]),
                       name="mla_latent_attention")
-    o_heads = R.permute_dims(R.reshape(o_lat, relax.ShapeExpr([rows, H, Dc])), [1, 0, 2])  # [H, BT, Dc]
-    o = R.matmul(o_heads, R.permute_dims(w_uv, [0, 2, 1]))  # [H, BT, Dv]
-    return R.reshape(R.permute_dims(o, [1, 0, 2]), relax.ShapeExpr([B, T, H, Dv]))
+    return out_of_latent(o_lat, w_uv, B, T, H, Dc, Dv)
 
 
 def _mla_attention_absorbed(ctx: LowerContext, node, q, ckv, krope, w_uk, w_uv):

@@ -19,15 +19,27 @@ from .context import LowerContext
 R = relax.op
 
 
+def into_latent(ctx: LowerContext, q, w_uk, B, L, H: int, Dn: int, Dc: int) -> relax.Expr:
+    """q [B, L, H, Dn + Dr] -> [q_nope W_UK | q_rope] [B, L, H, Dc + Dr]: the queries against
+    the one latent key head [ckv | krope]."""
+    q_nope, q_rope = (relax.TupleGetItem(ctx.bb.emit(R.split(q, [Dn], axis=3)), i) for i in range(2))
+    q_heads = R.permute_dims(R.reshape(q_nope, relax.ShapeExpr([B * L, H, Dn])), [1, 0, 2])  # [H, BL, Dn]
+    q_lat = R.permute_dims(R.matmul(q_heads, w_uk), [1, 0, 2])  # [BL, H, Dc]
+    return ctx.bb.emit(R.concat([R.reshape(q_lat, relax.ShapeExpr([B, L, H, Dc])), q_rope], axis=3))
+
+
+def out_of_latent(o_lat, w_uv, B, L, H: int, Dc: int, Dv: int) -> relax.Expr:
+    """o_lat [B, L, H, Dc] -> o_lat W_UV^T [B, L, H, Dv]."""
+    o_heads = R.permute_dims(R.reshape(o_lat, relax.ShapeExpr([B * L, H, Dc])), [1, 0, 2])  # [H, BL, Dc]
+    o = R.matmul(o_heads, R.permute_dims(w_uv, [0, 2, 1]))  # [H, BL, Dv]
+    return R.reshape(R.permute_dims(o, [1, 0, 2]), relax.ShapeExpr([B, L, H, Dv]))
+
+
 def latent_attention(ctx: LowerContext, q, ckv, krope, w_uk, w_uv, positions, B, L, H: int, Dn: int, Dv: int,
                      Dc: int, Dr: int, N: int | None, scale: float) -> relax.Expr:
     """q [B, L, H, Dn + Dr], ckv [B, N, Dc], krope [B, N, Dr], w_uk [H, Dn, Dc], w_uv
     [H, Dv, Dc], positions int64 [B] -> o [B, L, H, Dv]; N None (a dynamic row count) on llvm."""
-    rows = B * L
-    q_nope, q_rope = (relax.TupleGetItem(ctx.bb.emit(R.split(q, [Dn], axis=3)), i) for i in range(2))
-    q_heads = R.permute_dims(R.reshape(q_nope, relax.ShapeExpr([rows, H, Dn])), [1, 0, 2])  # [H, BL, Dn]
-    q_lat = R.permute_dims(R.matmul(q_heads, w_uk), [1, 0, 2])  # [BL, H, Dc]
-    q_abs = ctx.bb.emit(R.concat([R.reshape(q_lat, relax.ShapeExpr([B, L, H, Dc])), q_rope], axis=3))
+    q_abs = into_latent(ctx, q, w_uk, B, L, H, Dn, Dc)
     if ctx.target == "llvm":  # blocks of keys in vectors, written out for the CPU (no schedule)
         split = ctx.kernel(("latent_split_blocked", H, Dc, Dr, scale),
                            lambda: latent_split_blocked(H, Dc, Dr, scale, K.SPLITS))
@@ -39,9 +51,7 @@ def latent_attention(ctx: LowerContext, q, ckv, krope, w_uk, w_uv, positions, B,
     parts = [relax.TensorType([B, L, S, H, Dc], "float32"), relax.TensorType([B, L, S, H, 2], "float32")]
     acc, st = ctx.call_tir(split, [q_abs, ckv, krope, positions], parts)
     (o_lat,) = ctx.call_tir(merge, [acc, st], [relax.TensorType([B, L, H, Dc], "float32")])
-    o_heads = R.permute_dims(R.reshape(o_lat, relax.ShapeExpr([rows, H, Dc])), [1, 0, 2])  # [H, BL, Dc]
-    o = R.matmul(o_heads, R.permute_dims(w_uv, [0, 2, 1]))  # [H, BL, Dv]
-    return R.reshape(R.permute_dims(o, [1, 0, 2]), relax.ShapeExpr([B, L, H, Dv]))
+    return out_of_latent(o_lat, w_uv, B, L, H, Dc, Dv)
 
 
 def last_rows(ctx: LowerContext, krope, Dr: int, B) -> relax.Expr:

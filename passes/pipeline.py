@@ -102,14 +102,18 @@ def for_backend(steps: list, keep=(), compute: str | None = None, chunk_by: str 
     state held in BF16 (`state_dtype="bf16"`) gets state-dtype after it, at the graph's
     boundary as it is lowered. A backend that lowers KDA's fused decode step (`fuse`, ops of
     fuse_kda_decode.FUSED) gets fuse-kda-decode right after fuse-norms, whose l2norm and
-    gated_rms_norm it matches. Steps stay text, so the pipeline an artifact records reads back."""
+    gated_rms_norm it matches; for a model held in a lower precision, right after
+    compute-dtype instead, behind a second fuse-norms: the pass takes float32 sites only, and
+    the gated norm of a BF16 model is one only once compute-dtype has dropped its casts. Steps
+    stay text, so the pipeline an artifact records reads back."""
     keep = sorted(set(keep))
     fuse_decode = bool(set(fuse) & set(FUSED_DECODE)) and not any(parse_step(s)[0] == "fuse-kda-decode"
                                                                    for s in steps)
+    add_compute = compute is not None and not any(parse_step(s)[0] == "compute-dtype" for s in steps)
     out = []
     for step in steps:
         name, given = parse_step(step)
-        if name == "fuse-norms" and fuse_decode:
+        if name == "fuse-norms" and fuse_decode and not add_compute:
             out += [step, "fuse-kda-decode"]
             continue
         opts = given
@@ -122,10 +126,10 @@ def for_backend(steps: list, keep=(), compute: str | None = None, chunk_by: str 
                 opts = {**opts, "chunk_size": int(chunk_size)}
             step = format_step(name, opts) if opts != given else step
         out.append(step)
-    if compute is not None and not any(parse_step(s)[0] == "compute-dtype" for s in out):
+    if add_compute:
         at = len(out) - 1 if out and parse_step(out[-1])[0] == "dce" else len(out)
         opts = {"dtype": "f32", **({"gemm": "bf16"} if compute == "bf16" else {})}
-        out.insert(at, format_step("compute-dtype", opts))
+        out[at:at] = [format_step("compute-dtype", opts)] + (["fuse-norms", "fuse-kda-decode"] if fuse_decode else [])
     if state_dtype not in (None, "f32") and not any(parse_step(s)[0] == "state-dtype" for s in out):
         at = len(out) - 1 if out and parse_step(out[-1])[0] == "dce" else len(out)
         out.insert(at, format_step("state-dtype", {"dtype": state_dtype}))

@@ -93,3 +93,25 @@ def test_a_pipeline_can_keep_the_step_unfused(zoo):
     assert [s for s in steps if s.startswith("fuse-kda-decode")] == ["fuse-kda-decode{enable=false}"]
     _, _, decode = zoo("k3-tiny")
     assert "kda_decode_step" not in passes.run(decode, steps).op_counts()
+
+
+@pytest.mark.parametrize("compute", ["f32", "bf16"])
+def test_a_release_precision_decode_step_is_fused_after_its_compute_policy(compute):
+    """A model held in BF16 reaches fuse-kda-decode in float32 only after compute-dtype, and
+    its gated norm is one only once that pass has dropped the model's casts: the backend's
+    pipeline fuses there, so every KDA layer of its decode step is one op, and the step
+    computes what the unfused step computes under the same policy (the fp32 row)."""
+    model = k3c.models.build("k3-tiny", dtype=torch.bfloat16, experts="mxfp4").eval()
+    decode = k3c.capture(model, (example_ids(model, 2, 1),), entry="decode")
+    be = k3c.backends.get("tvm")
+    steps = passes.for_backend(passes.steps_of("default"), **passes.backend_choices(be), compute=compute)
+    at = next(i for i, s in enumerate(steps) if s.startswith("compute-dtype"))
+    assert steps[at + 1:at + 3] == ["fuse-norms", "fuse-kda-decode"] and steps.count("fuse-kda-decode") == 1
+    fused = passes.run(decode, steps)
+    n_kda = sum(isinstance(m, KDAMixer) for m in model.modules())
+    assert fused.op_counts()["kda_decode_step"] == n_kda and "kda" not in fused.op_counts()
+    plain = passes.run(decode, [s for s in steps if s != "fuse-kda-decode"])
+    assert "kda_decode_step" not in plain.op_counts()
+    inputs = inputs_for(plain, {"B": 2, "P": 5}, seed=3, input_ids=example_ids(model, 2, 1, seed=3))
+    for (out, _), a, b in zip(plain.outputs, ir.interpret(plain, *inputs), ir.interpret(fused, *inputs)):
+        assert_close(b, a, torch.float32, what=f"release decode ({compute} compute) {out}")

@@ -42,7 +42,9 @@ _ASSUMED: ContextVar[list | None] = ContextVar("assumed_equal_dims", default=Non
 def equal(a: Dim, b: Dim) -> bool:
     if isinstance(a, int) and isinstance(b, int):
         return a == b
-    diff = sympy.simplify(sympy.sympify(a) - sympy.sympify(b))
+    if a == b:  # the same expression (dims are kept normalized): no simplification needed
+        return True
+    diff = _difference(a, b)
     if diff == 0:
         return True
     assumed = _ASSUMED.get()
@@ -50,6 +52,12 @@ def equal(a: Dim, b: Dim) -> bool:
         assumed.append((a, b))
         return True
     return False
+
+
+@lru_cache(maxsize=4096)
+def _difference(a: Dim, b: Dim):
+    """a - b simplified (verify asks the same pairs again after every pass)."""
+    return sympy.simplify(sympy.sympify(a) - sympy.sympify(b))
 
 
 @contextmanager
@@ -66,7 +74,12 @@ def assuming_equal() -> Iterator[list]:
 
 
 def to_str(d: Dim) -> str:
-    return str(d) if isinstance(d, int) else sympy.sstr(d)
+    return str(d) if isinstance(d, int) else _sstr(d)
+
+
+@lru_cache(maxsize=4096)
+def _sstr(d: sympy.Expr) -> str:  # the shape checks' messages print the same few dims again and again
+    return sympy.sstr(d)
 
 
 def parse(text: str, symbols: Mapping[str, sympy.Symbol]) -> Dim:

@@ -55,6 +55,14 @@ def _verify_node(graph: Graph, node: Node, defined: set[str]) -> None:
     for i in node.inputs:
         if i not in defined:
             raise VerifyError("undefined-value", f"input %{i} is not defined before use", node)
+    for o in node.outputs:
+        if o in defined:
+            raise VerifyError("redefined-value", f"%{o} is defined twice", node)
+        if o not in graph.types:
+            raise VerifyError("undefined-value", f"output %{o} has no declared type", node)
+    key = _typing_key(graph, node)
+    if key is not None and key in _TYPED:
+        return
     problems = spec.attr_problems(node.attrs)
     if problems:
         raise VerifyError("attr", "; ".join(problems), node)
@@ -66,10 +74,33 @@ def _verify_node(graph: Graph, node: Node, defined: set[str]) -> None:
     if len(inferred) != len(node.outputs):
         raise VerifyError("arity", f"{node.op} yields {len(inferred)} outputs, node names {len(node.outputs)}", node)
     for o, t in zip(node.outputs, inferred):
-        if o in defined:
-            raise VerifyError("redefined-value", f"%{o} is defined twice", node)
-        declared = graph.types.get(o)
-        if declared is None:
-            raise VerifyError("undefined-value", f"output %{o} has no declared type", node)
+        declared = graph.types[o]
         if not declared.same_as(t):
             raise VerifyError("type-mismatch", f"output %{o} is declared {declared}, but {node.op} gives {t}", node)
+    if key is not None:
+        if len(_TYPED) > 100_000:
+            _TYPED.clear()
+        _TYPED.add(key)
+
+
+# The typings that passed: an op, its attributes, its input types and its outputs' declared
+# types. Inference is a pure function of the first three, so a node whose key passed once
+# passes again: a pipeline verifies after every pass, and most nodes are as they were.
+_TYPED: set = set()
+
+
+def _typing_key(graph: Graph, node: Node):
+    try:
+        return (node.op, _frozen(node.attrs), tuple(graph.types[i] for i in node.inputs),
+                tuple(graph.types[o] for o in node.outputs))
+    except TypeError:  # an attribute that cannot be hashed: checked every time
+        return None
+
+
+def _frozen(value):
+    if isinstance(value, dict):
+        return tuple(sorted((k, _frozen(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, *(_frozen(v) for v in value))
+    hash(value)
+    return (type(value).__name__, value)

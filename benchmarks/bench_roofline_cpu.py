@@ -17,6 +17,10 @@ MXFP4 routed experts), side by side in one process, the runners taking turns
   Routed experts: the expected number of distinct experts B tokens route to under uniform
   routing, E (1 - (1 - k/E)^B), per MoE layer. The B = 8 state is the B = 1 prompt's state
   repeated (each row decodes its own token, so rows route differently).
+  Beside it, the multiple of its roofline: the larger of that floor and the step's FLOPs at
+  the GEMM rate of the precision it computes in (at B = 8 a BF16 weight feeds 8 rows of fp32
+  FMAs: 8 FLOP a byte, which two cores may not compute at the read bandwidth). The read
+  bandwidth is measured again after the runs, and the floors take the larger of the two.
 - the prefill of T = --prefill tokens as a share of the GEMM rate of the precision it computes
   in (the artifact manifest's compute policy: bf16 GEMMs take the bf16 rate, else fp32), FLOPs
   from k3c.models.stats (causal attention summed over the prompt).
@@ -134,6 +138,13 @@ def prefill_flops(name: str, T: int, layers: int | None) -> float:
     return T * (s["total"] - s["attention"]) + per_context * T * (T + 1) / 2
 
 
+def decode_flops(name: str, P: int, layers: int | None) -> float:
+    """FLOPs of one decoded token at context P: the per-token work plus attention over P + 1 keys."""
+    s = model_stats(name if layers is None else build(name, {}, layers, "meta"), seq_len=P)["flops_per_token"]
+    per_context = s["attention"] / (P + 1)  # the stats average attention over a prefill of P
+    return s["total"] - s["attention"] + per_context * (P + 1)
+
+
 def build(name: str, precision: dict, layers: int | None, device: str | None = None) -> torch.nn.Module:
     extra = {"num_layers": layers} if layers else {}
     if device:
@@ -183,12 +194,14 @@ def markdown(rows: list[tuple]) -> str:
 
 def table(result: dict) -> str:
     rows = [("backend", "precision", "held (dense / expert bytes a weight)", "prefill s", "% GEMM peak",
-             *(f"decode B={b} ms" for b in BATCHES), *(f"x floor B={b}" for b in BATCHES), "machine")]
+             *(f"decode B={b} ms" for b in BATCHES), *(f"x floor B={b}" for b in BATCHES),
+             *(f"x roofline B={b}" for b in BATCHES), "machine")]
     for r in result["rows"]:
         rows.append((r["backend"], r["precision"], f"{r['held']['dense']:g} / {r['held']['experts']:.3g}",
                      f"{r['prefill_seconds']:.3f}", f"{100 * r['prefill_share_of_peak']:.1f}% {r['peak']}",
                      *(f"{1e3 * r['decode'][str(b)]['seconds']:.2f}" for b in BATCHES),
-                     *(f"{r['decode'][str(b)]['multiple_of_floor']:.2f}" for b in BATCHES), r["machine"]))
+                     *(f"{r['decode'][str(b)]['multiple_of_floor']:.2f}" for b in BATCHES),
+                     *(f"{r['decode'][str(b)]['multiple_of_roofline']:.2f}" for b in BATCHES), r["machine"]))
     return markdown(rows)
 
 
@@ -267,6 +280,13 @@ def main(argv=None) -> dict:
         del model
     settle()
     measure(runners, prompt, args.decode, args.repeat, vocab)
+    torch.set_num_threads(args.threads)
+    bw_end = read_bandwidth(args.bandwidth_mib, max(3, args.repeat))  # the host's bandwidth may move in a run
+    torch.set_num_threads(threads)
+    print(f"read bandwidth at the end {bw_end / 1e9:.1f} GB/s; the floors take the larger", flush=True)
+    result["yardsticks"]["read_bytes_per_s_at_end"] = bw_end
+    bw = max(bw, bw_end)
+    step_flops = decode_flops(args.model, args.prefill, args.layers)
     for r in runners:
         peak = "bf16" if r["compute"].get("policy") == "bf16" else "fp32"
         row = {"backend": r["backend"], "precision": r["precision"], "machine": label, "held": r["held"],
@@ -276,8 +296,12 @@ def main(argv=None) -> dict:
         for b in BATCHES:
             nbytes = decode_bytes(r["classes"], r["held"], state_bytes, b)
             floor = nbytes / bw
+            compute_floor = b * step_flops / peaks[peak]  # the GEMM rate of the precision it computes in
+            roofline = max(floor, compute_floor)
             row["decode"][str(b)] = {"seconds": r[f"decode_b{b}_s"], "bytes_read": nbytes, "floor_seconds": floor,
-                                     "multiple_of_floor": r[f"decode_b{b}_s"] / floor}
+                                     "multiple_of_floor": r[f"decode_b{b}_s"] / floor, "flops": b * step_flops,
+                                     "compute_floor_seconds": compute_floor, "roofline_seconds": roofline,
+                                     "multiple_of_roofline": r[f"decode_b{b}_s"] / roofline}
         result["rows"].append(row)
     result["load_average_at_end"] = round(os.getloadavg()[0], 2)
     result["table"] = table(result)

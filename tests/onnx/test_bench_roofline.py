@@ -39,6 +39,12 @@ def test_quick_mode_reports_every_field(tmp_path):
             d = r["decode"][str(b)]
             assert d["seconds"] > 0 and d["bytes_read"] > 0
             assert d["multiple_of_floor"] == d["seconds"] / d["floor_seconds"]
+            # the roofline: the larger of the bytes floor and the FLOPs at the fp32 GEMM rate
+            assert d["flops"] == b * r["decode"]["1"]["flops"] > 0
+            assert d["compute_floor_seconds"] == d["flops"] / y["gemm_flops_per_s"]["fp32"]
+            assert d["roofline_seconds"] == max(d["floor_seconds"], d["compute_floor_seconds"])
+            assert d["multiple_of_roofline"] <= d["multiple_of_floor"]
+    assert y["read_bytes_per_s_at_end"] > 0
     # the release holds its experts in fewer bytes, so it reads fewer per step
     read = {prec: rows[("onnx:ort", prec)]["decode"]["8"]["bytes_read"] for prec in ("fp32", "bf16+mxfp4")}
     assert read["bf16+mxfp4"] < read["fp32"]

@@ -85,14 +85,7 @@ class Builds:
     def _run(self) -> None:
         captured, passes, force, compute, state_dtype = self._args
         memo: dict = {}
-        # interpreted ones first (their runs are the longest), native builds last, else as given;
-        # decided here, not by the caller: telling a native build apart may import its backend
-        # (TVM: a second and more), which the checking thread need not wait for
-        try:
-            order = sorted(self._built, key=lambda s: (not simulated(s), native_build(s)))
-        except Exception:  # never a thread that ends before every backend is handed over
-            order = list(self._built)
-        for spec in order:
+        for spec in self._order():
             b = self._built[spec]
             if self._stop.is_set():
                 b.error = RuntimeError("not built: the diff stopped")
@@ -113,6 +106,25 @@ class Builds:
                     b.error = e
             self._done[spec].set()
             self._finished.put(spec)
+
+    def _order(self) -> Iterator[str]:
+        """Interpreted ones first (their runs are the longest, in the worker), native builds
+        last, else as given. Decided here, not by the caller, and which builds are native only
+        once the interpreted ones are handed to the worker: telling one apart may import its
+        backend (TVM: two seconds and more), which neither the checks nor the worker need wait
+        for."""
+        specs = list(self._built)
+        try:
+            first = [s for s in specs if simulated(s)]
+        except Exception:  # never a thread that ends before every backend is handed over
+            first = []
+        yield from first
+        rest = [s for s in specs if s not in first]
+        try:
+            rest.sort(key=native_build)
+        except Exception:
+            pass
+        yield from rest
 
     def finished(self) -> Iterator[str]:
         """Every backend's name, each as soon as its build has finished (or failed)."""

@@ -1,9 +1,11 @@
 """k3c where users already are, side by side in one run on transformers' tiny Kimi Linear:
-transformers eager, k3c through the transformers exporter backend (onnx, tvm), and
-torch.compile with inductor and with backend="k3c"; a prefill and a decode step each.
+transformers eager, k3c through the transformers exporter backend (onnx, tvm),
+torch.compile with inductor and with backend="k3c", and transformers' own ONNX exporter on
+onnxruntime; a prefill and a decode step each.
 
     python benchmarks/bench_integrations.py                   # T = 256, min of 5 turns
     python benchmarks/bench_integrations.py --seq-len 512 --repeat 12 --json out.json
+    python benchmarks/bench_integrations.py --rows "transformers eager,transformers exporter (onnx)"
 
 The model is transformers' `KimiLinearForCausalLM` at kimi-linear-tiny's config, its own
 random init (run from outside the repository root: its folders are k3c's source). transformers
@@ -13,12 +15,20 @@ turns of a prefill of T tokens and of one decode step after it, each turn throug
 `k3c.bench.timed_turn` (transformers' cache grows a row a call; k3c's state is a value). The
 torch.compile rows compile transformers' forward (prefill, then a decode step with its
 cache); with backend="k3c" the graphs k3c cannot take run eagerly, and the row says how many.
-Every row's prefill logits are compared with eager's.
+The "transformers exporter (onnx)" row exports with transformers' `OnnxExporter` (needs
+`onnxscript`: `pip install -e .[bench]`; without it the row is skipped) and runs its prefill and
+decode graphs on onnxruntime's CPU provider. It exports with static shapes at this T, since the
+export unrolls KDA's chunk loop to the traced chunk count (its prefill is right only at T's chunk
+count), and with onnxscript's optimiser off (on, the export at T = 64 took 261 s against 41 s on
+2 cores; on and with dynamic shapes, it ran past 15 minutes); its setup is the export, minutes at
+T = 512.
+Every row's prefill logits are compared with eager's (the first row's, when eager runs later).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -90,12 +100,41 @@ def compile_row(model, ids, step, backend: str, options: dict | None = None):
     return lambda: fn(ids, use_cache=True), decode, prefill_out.logits, note
 
 
+class Skipped(Exception):
+    """A row whose packages are missing: it says which, and the others run."""
+
+
+def hf_onnx_row(model, ids, step):
+    """transformers' `OnnxExporter`, static shapes at this T and onnxscript's optimiser off, on ORT's CPU provider."""
+    try:
+        import onnxruntime as ort
+        import onnxscript  # noqa: F401  (the exporter's translator)
+        from transformers.exporters import AutoHfExporter, OnnxConfig
+    except ImportError as err:
+        raise Skipped(f"needs onnxscript and transformers' ONNX exporter: {err} (pip install -e .[bench])") from err
+
+    config = OnnxConfig(dynamic=False, optimize=False)
+    with contextlib.redirect_stdout(sys.stderr):  # torch.onnx prints its progress
+        exported = AutoHfExporter.from_config(config).export_for_generation(model, {"input_ids": ids}, config)
+    options = ort.SessionOptions()
+    options.log_severity_level = 3  # ORT's constant folding warns about every CastLike it leaves
+    exported.to("cpu", session_options=options)
+    run_prefill, run_decode = exported.runners["prefill"], exported.runners["decode"]
+    T = ids.shape[1]
+    positions, step_position = torch.arange(T)[None], torch.tensor([[T]])
+    out = run_prefill(input_ids=ids, position_ids=positions)
+    return (lambda: run_prefill(input_ids=ids, position_ids=positions),
+            lambda: run_decode(input_ids=step, position_ids=step_position, cache=out.cache),
+            out.logits, f"static T = {T}, optimize=False, ORT CPU")
+
+
 ROWS = {
     "transformers eager": lambda m, i, s: eager_row(m, i, s),
     "k3c exporter (onnx)": lambda m, i, s: exporter_row(m, i, s, "onnx"),
     "k3c exporter (tvm)": lambda m, i, s: exporter_row(m, i, s, "tvm"),
     "torch.compile inductor": lambda m, i, s: compile_row(m, i, s, "inductor"),
     "torch.compile backend=k3c": lambda m, i, s: compile_row(m, i, s, "k3c", {"backend": "onnx"}),
+    "transformers exporter (onnx)": lambda m, i, s: hf_onnx_row(m, i, s),
 }
 
 
@@ -123,6 +162,10 @@ def main() -> None:
                 prefill, decode, logits, note = ROWS[name](model, ids, step)
                 setup = time.perf_counter() - t0
                 p, d = best(prefill, args.repeat), best(decode, args.repeat)
+        except Skipped as why:
+            results[name] = {"skipped": str(why)}
+            print(f"{name:28s} skipped: {why}")
+            continue
         except Exception as err:  # a row that cannot run says why; the others still run
             results[name] = {"error": f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"}
             print(f"{name:28s} failed: {results[name]['error']}")

@@ -20,8 +20,8 @@ The "transformers exporter (onnx)" row exports with transformers' `OnnxExporter`
 decode graphs on onnxruntime's CPU provider. It exports with static shapes at this T, since the
 export unrolls KDA's chunk loop to the traced chunk count (its prefill is right only at T's chunk
 count), and with onnxscript's optimiser off (on, the export at T = 64 took 261 s against 41 s on
-2 cores; on and with dynamic shapes, it ran past 15 minutes); its setup is the export, minutes at
-T = 512.
+2 cores; on and with dynamic shapes, it ran past 15 minutes); its setup is the export (on 2 cores:
+41 s at T = 64 and 256, 54 s at T = 512).
 Every row's prefill logits are compared with eager's (the first row's, when eager runs later).
 """
 

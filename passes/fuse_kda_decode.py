@@ -10,8 +10,7 @@ and becomes `y, S', q_conv', k_conv', v_conv' = kda_decode_step(...)`, one kerne
 the state once and writes it once. The site is walked by hand, not matched by a `Rule`: the
 convs and `kda` are reached through one output while their state outputs leave the layer,
 which a pattern's single-use rule refuses. Prefill and extend (T > 1) are never rewritten;
-only float32 sites are (the kernels' dtype): a model held in BF16 is fused after compute-dtype
-has made its activations float32 (passes.for_backend places the pass there).
+only float32 sites are (the kernels' dtype): a BF16 model's, after compute-dtype (for_backend).
 
 The pipeline has it where the backend lowers the op (`passes.for_backend` puts it after
 fuse-norms for TVM and Triton); elsewhere the layer keeps its ops. A pipeline that names the

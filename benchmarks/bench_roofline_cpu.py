@@ -131,18 +131,13 @@ def decode_bytes(classes: dict, held: dict, state_bytes: int, batch: int) -> flo
     return classes["dense"] * held["dense"] + experts + embed + batch * state_bytes
 
 
-def prefill_flops(name: str, T: int, layers: int | None) -> float:
-    """FLOPs of a T-token prefill: the per-token work T times, causal attention summed."""
+def flops_of(name: str, T: int, layers: int | None) -> tuple[float, float]:
+    """(FLOPs of a T-token prefill, FLOPs of one token decoded after it). model_stats averages
+    attention over a prefill of T (position t attends to t keys, mean (T + 1) / 2), so the
+    prefill is T times its per-token total, and a token at context T + 1 pays twice that
+    average attention."""
     s = model_stats(name if layers is None else build(name, {}, layers, "meta"), seq_len=T)["flops_per_token"]
-    per_context = s["attention"] / (T + 1)  # attention at context c costs per_context * (c + 1)
-    return T * (s["total"] - s["attention"]) + per_context * T * (T + 1) / 2
-
-
-def decode_flops(name: str, P: int, layers: int | None) -> float:
-    """FLOPs of one decoded token at context P: the per-token work plus attention over P + 1 keys."""
-    s = model_stats(name if layers is None else build(name, {}, layers, "meta"), seq_len=P)["flops_per_token"]
-    per_context = s["attention"] / (P + 1)  # the stats average attention over a prefill of P
-    return s["total"] - s["attention"] + per_context * (P + 1)
+    return T * s["total"], s["total"] + s["attention"]
 
 
 def build(name: str, precision: dict, layers: int | None, device: str | None = None) -> torch.nn.Module:
@@ -253,7 +248,7 @@ def main(argv=None) -> dict:
               "load_average_at_start": round(os.getloadavg()[0], 2), "rows": []}
     state_bytes = model_stats(args.model if args.layers is None else build(args.model, {}, args.layers, "meta"),
                               seq_len=args.prefill, dtype=torch.float32)["state_bytes"]["total"]
-    flops = prefill_flops(args.model, args.prefill, args.layers)
+    flops, step_flops = flops_of(args.model, args.prefill, args.layers)
     root = Path(tempfile.mkdtemp(prefix="k3c-roofline-"))
     runners = []
     gen = torch.Generator().manual_seed(0)
@@ -286,7 +281,6 @@ def main(argv=None) -> dict:
     print(f"read bandwidth at the end {bw_end / 1e9:.1f} GB/s; the floors take the larger", flush=True)
     result["yardsticks"]["read_bytes_per_s_at_end"] = bw_end
     bw = max(bw, bw_end)
-    step_flops = decode_flops(args.model, args.prefill, args.layers)
     for r in runners:
         peak = "bf16" if r["compute"].get("policy") == "bf16" else "fp32"
         row = {"backend": r["backend"], "precision": r["precision"], "machine": label, "held": r["held"],

@@ -51,7 +51,7 @@ def registered() -> tuple[str, ...]:
 
 def get(name: str, **options) -> Backend:
     """The backend `name`, configured by `options` (onnx: flavour, providers, threads,
-    spinning; tvm: target, arch); an option it does not take is a TypeError naming it."""
+    spinning, target; tvm: target, arch); an option it does not take is a TypeError naming it."""
     if name in _EXTRA:
         cls = _EXTRA[name]
     elif name not in _REGISTRY:

@@ -290,7 +290,8 @@ def build_parser() -> argparse.ArgumentParser:
                                      "default portable,ort)")
     s.add_argument("--target", help="tvm: llvm (this CPU), 'llvm -mcpu=NAME' (another CPU) or cuda; "
                    "triton: sm_80, sm_90 or sm_100 (every kernel compiled "
-                   "ahead of time: cubins and kernels.json, no GPU needed)")
+                   "ahead of time: cubins and kernels.json, no GPU needed); onnx: cpu or cuda "
+                   "(onnxruntime's CUDA provider: with --compute bf16, BF16 GEMMs on its MatMul)")
     s.add_argument("--dump-after", metavar="PASS", help="print the IR of each entry after this pass")
     s.add_argument("--verify", action="store_true", help="run the verifier after every pass")
     s.add_argument("--seq-len", type=checks.count(1),

@@ -29,7 +29,7 @@ from .compiler import ZOO_ENTRIES, capture_entries, rebind_weights
 from .diff_builds import Builds, Built, backend_for, simulated  # noqa: F401  (backend_for: public here)
 from .diff_runs import Names, Worker, run_artifact
 from .errors import UsageError
-from .models.precision import BF16State, bf16_policy, fp32_copy, low_precision
+from .models.precision import BF16State, bf16_policy, fp32_copy, low_precision, with_bf16_outputs
 from .numerics import BF16_COMPUTE, BF16_STATE, Tolerance, compare, model_tolerance, rel_rms_err
 from .resources import check_fits
 from .yardstick import float64_copy, float64_mode
@@ -361,6 +361,8 @@ def _diff_backend(spec: str, built: Built, ids, seq_len: int, decode_steps: int,
         if d.error:
             return d, None
         try:
+            if getattr(be, "gemm_io", None) == "bf16":  # its GEMMs return BF16 (passes/bf16_gemms.py)
+                ref = with_bf16_outputs(ref)
             ref, d.routing = _policy_eager(ref, ids, seq_len, decode_steps, taken)
         except ValueError as e:  # the backend's graph routes otherwise than eager (a top-k fused away)
             d.error = f"routing: {e}"

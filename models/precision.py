@@ -22,6 +22,7 @@ import torch.nn as nn
 
 from ..kernels.mxfp4 import decode, encode
 from .configs import KimiConfig, kimi_model_type
+from .common import GatedMLP
 from .moe_layer import Experts, MoE, MXFP4Experts
 
 # Tensors a release keeps in F32 whatever the model's dtype (state-dict names), per family.
@@ -136,6 +137,10 @@ def _round_input(module: nn.Module, args: tuple) -> tuple:
     return (round_bf16(args[0]), *args[1:])
 
 
+def _round_output(module: nn.Module, args: tuple, out: torch.Tensor) -> torch.Tensor:
+    return round_bf16(out)
+
+
 def _routed_bf16(self: MoE, h: torch.Tensor, idx: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return MoE.routed(self, round_bf16(h), idx, w)
 
@@ -156,7 +161,7 @@ def bf16_gemm_inputs(model: nn.Module) -> list[str]:
     return out
 
 
-def bf16_policy(model: nn.Module, dtype: torch.dtype = torch.float32) -> nn.Module:
+def bf16_policy(model: nn.Module, dtype: torch.dtype = torch.float32, bf16_outputs: bool = False) -> nn.Module:
     """The BF16 compute policy in eager PyTorch: `model` (held in BF16) on its own weights in
     `dtype` (fp32_copy: BF16 widened, MXFP4 decoded), with the input of every GEMM it runs on
     BF16 operands (`bf16_gemm_inputs`) rounded to BF16; accumulation, outputs and everything
@@ -165,7 +170,12 @@ def bf16_policy(model: nn.Module, dtype: torch.dtype = torch.float32) -> nn.Modu
     `dtype`, as the fused expert op holds it (passes/compute_dtype.py says why).
 
     `dtype=torch.float64` is the policy's exact evaluation: the same roundings to BF16, the
-    rest in float64; what the float32 one is measured against (k3c.numerics.BF16_COMPUTE)."""
+    rest in float64; what the float32 one is measured against (k3c.numerics.BF16_COMPUTE).
+
+    `bf16_outputs=True` is the form of a runtime whose BF16 GEMM returns a BF16 product
+    (onnxruntime's CUDA MatMul; passes/bf16_gemms.py): each such nn.Linear's output is rounded
+    to BF16 too, except a gated MLP's gate and up projections, whose product the fused op
+    (`gated_mlp`) holds inside in `dtype`, as the routed experts hold theirs."""
     if not low_precision(model):
         raise ValueError(f"{getattr(model, 'name', type(model).__name__)} holds no BF16 weights: "
                          "the BF16 compute policy has nothing to round")
@@ -176,8 +186,25 @@ def bf16_policy(model: nn.Module, dtype: torch.dtype = torch.float32) -> nn.Modu
             m.register_forward_pre_hook(_round_input)
         elif isinstance(m, MoE) and f"{name}.experts" in names:
             m.routed = types.MethodType(_routed_bf16, m)  # a bound method: deepcopy rebinds it
-    out.compute_policy = "bf16"
-    return out
+    out.compute_policy, out.bf16_gemms = "bf16", sorted(names)
+    return _round_outputs(out) if bf16_outputs else out
+
+
+def with_bf16_outputs(policy: nn.Module) -> nn.Module:
+    """A copy of the eager policy `policy` (bf16_policy) in its `bf16_outputs=True` form."""
+    import copy
+
+    return _round_outputs(copy.deepcopy(policy))
+
+
+def _round_outputs(policy: nn.Module) -> nn.Module:
+    inside = {f"{name}.{p}" for name, m in policy.named_modules() if isinstance(m, GatedMLP)
+              for p in ("gate_proj", "up_proj")}
+    for name, m in policy.named_modules():
+        if isinstance(m, nn.Linear) and name in policy.bf16_gemms and name not in inside:
+            m.register_forward_hook(_round_output)
+    policy.compute_policy = "bf16-outputs"
+    return policy
 
 
 class BF16State:

@@ -10,6 +10,10 @@ Flavours (README.md has the op table):
             ONNX functions of standard ops (Scan/Loop for recurrences), shipped in the model
   ort       the same graph with onnxruntime's kernels where their semantics match exactly
             (com.microsoft LinearAttention, CausalConvWithState, MoE; RMSNormalization, Attention)
+
+Targets: `cpu` (default), or `cuda`: built for onnxruntime's CUDA provider, where under
+`compute="bf16"` the plain GEMMs multiply the stored BF16 weights with its BF16 MatMul
+(passes/bf16_gemms.py); such an artifact needs that provider, checked when it first runs.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from ...errors import UsageError
 from ...ir import Graph, Node
 from .. import tables as L
 from ..artifact import seal
@@ -26,15 +31,22 @@ from .lower import FLAVOURS, lower_graph
 from .runner import OnnxRunner
 
 
+TARGETS = ("cpu", "cuda")  # the execution provider an artifact is built for (OnnxBackend(target=))
+
+
 class OnnxBackend:
     name = "onnx"
     compute_dtype = "f32"  # a BF16 model computes in float32 from its BF16 / MXFP4 weights (compute-dtype)
 
     def __init__(self, flavour: str = "portable", providers: list[str] | None = None, threads: int | None = None,
-                 spinning: bool = False):
+                 spinning: bool = False, target: str = "cpu"):
         if flavour not in FLAVOURS:
             raise ValueError(f"onnx flavour must be one of {', '.join(FLAVOURS)}, got {flavour!r}")
+        if target not in TARGETS:
+            raise UsageError(f"onnx target {target!r}: the targets are {', '.join(TARGETS)} (the execution "
+                             "provider the artifact is built for)")
         self.flavour, self.providers, self.threads, self.spinning = flavour, providers, threads, spinning
+        self.target = target
 
     @property
     def tables(self) -> tuple[str, ...]:
@@ -60,6 +72,19 @@ class OnnxBackend:
         from ...passes.chunk_delta_rule import chunkable
 
         return frozenset(op for op in chunkable() if op in L.load("onnx:ort"))
+
+    @property
+    def gemm_io(self) -> str | None:
+        """"bf16" when built for onnxruntime's CUDA provider (`target="cuda"`, or that provider
+        asked for first): its MatMul takes BF16
+        operands (docs/OperatorKernels.md: MatMul 13+, tensor(bfloat16)) and returns a BF16
+        product, so under `compute="bf16"` the plain GEMMs read the stored BF16 weights as they
+        are (passes/bf16_gemms.py). None elsewhere: the CPU provider's MatMul takes no BF16, so
+        the weights are widened where read and multiplied in float32."""
+        from .providers import CUDA, provider_name
+
+        asked = [provider_name(p) for p in self.providers or []]
+        return "bf16" if self.target == "cuda" or asked[:1] == [CUDA] else None
 
     def is_available(self) -> tuple[bool, str]:
         try:
@@ -96,13 +121,22 @@ class OnnxBackend:
             models[entry], reports[entry] = lower_graph(g, self.flavour, {**meta, "k3c.entry": entry})
         opsets = {e: next(o.version for o in m.opset_import if o.domain == "") for e, m in models.items()}
         manifest = build_manifest(graphs, self.flavour, reports, model=model, config=config, pipeline=pipeline,
-                                  opsets=opsets)
+                                  opsets=opsets, provider=_provider_needed(graphs))
         out = write_artifact(Path(out_dir), models, manifest)
         seal(out, backend=self.name, model=model, variant=self.flavour, graphs=graphs)
         return out
 
     def load(self, out_dir: Path) -> OnnxRunner:
         return OnnxRunner(out_dir, self.providers, self.threads, self.spinning)
+
+
+def _provider_needed(graphs: dict[str, Graph]) -> str | None:
+    """The provider the artifact cannot run without: CUDA's where a GEMM multiplies BF16."""
+    from ...passes.bf16_gemms import PLAIN_GEMMS
+    from .providers import CUDA
+
+    bf16 = any(n.op in PLAIN_GEMMS and g.types[n.outputs[0]].dtype == "bf16" for g in graphs.values() for n in g.nodes)
+    return CUDA if bf16 else None
 
 
 def _config(config):

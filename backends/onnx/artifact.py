@@ -87,9 +87,11 @@ def describe_entry(graph: Graph, file: str, state: set[str]) -> dict:
 
 
 def build_manifest(graphs: dict[str, Graph], flavour: str, reports: dict, *, model: str | None,
-                   config: dict | None, pipeline, opsets: dict[str, int] | None = None) -> dict:
+                   config: dict | None, pipeline, opsets: dict[str, int] | None = None,
+                   provider: str | None = None) -> dict:
     """`opsets`: each entry's default-domain opset as its model imports it (a fixed-cache decode
-    needs 24 for TensorScatter); the manifest's "opset" is the highest, what a runtime must have."""
+    needs 24 for TensorScatter); the manifest's "opset" is the highest, what a runtime must have.
+    `provider`: the execution provider the artifact needs (CUDA's for BF16 GEMMs), else None."""
     from ... import __version__
 
     state = set(graphs["decode"].inputs[1:]) if "decode" in graphs else set()
@@ -101,7 +103,7 @@ def build_manifest(graphs: dict[str, Graph], flavour: str, reports: dict, *, mod
     return {
         "format": FORMAT, "format_version": 1, "k3c_version": __version__,
         "model": model, "config": config, "pipeline": pipeline, "flavour": flavour,
-        "opset": max((opsets or {}).values(), default=OPSET),
+        "opset": max((opsets or {}).values(), default=OPSET), "provider": provider,
         "weights": WEIGHTS, "dims": dims, "state": list(order),
         "entries": {e: {**describe_entry(g, f"{e}.onnx", state), "opset": (opsets or {}).get(e, OPSET)}
                     for e, g in graphs.items()},

@@ -23,7 +23,7 @@ from ..contract import check_limits
 from ..manifest import evaluate
 from .artifact import check_manifest
 from .inplace import aliases, as_numpy, ortvalue, run_bound
-from .providers import check_session, resolve
+from .providers import check_session, provider_name, resolve
 
 
 def default_providers() -> list[str]:
@@ -81,14 +81,34 @@ class OnnxRunner:
         if "weights" in manifest:
             listed(self.out_dir, manifest, manifest["weights"], "weights")
         self.manifest = manifest
-        import onnxruntime as ort
-
-        # names checked against this onnxruntime, the CPU provider appended (providers.py)
-        self.providers = resolve(providers, ort.get_available_providers(), ort.__version__)
+        needed = manifest.get("provider")  # CUDA's for an artifact of BF16 GEMMs (target="cuda")
         self.asked_providers = providers  # None: the default, which may fall back to the CPU
+        self._providers = None
+        if providers is None and needed:  # built for that provider: checked at the first run, so
+            self.asked_providers = [needed]  # such an artifact loads where it was built, as TVM's cuda ones do
+        else:
+            self._check_needed(self.providers)
         self.threads, self.spinning = threads, spinning
         self._sessions: dict = {}
         self.entries: dict[str, dict] = self.manifest["entries"]  # file, inputs, outputs of each graph
+
+    @property
+    def providers(self) -> list:
+        """The provider list the sessions get: each asked for (this onnxruntime must have it),
+        the CPU provider appended (providers.py)."""
+        if self._providers is None:
+            import onnxruntime as ort
+
+            self._providers = resolve(self.asked_providers, ort.get_available_providers(), ort.__version__)
+        return self._providers
+
+    def _check_needed(self, providers: list) -> None:
+        needed = self.manifest.get("provider")
+        if needed and needed not in [provider_name(p) for p in providers]:
+            raise UsageError(f"{self.out_dir} multiplies BF16 GEMMs on onnxruntime's {needed} (built for it, "
+                             f"compute='bf16'), which this session would not use (providers "
+                             f"{', '.join(provider_name(p) for p in providers)}); the CPU provider has no "
+                             f"BF16 MatMul: run it with providers=['{needed}'], or build it for the CPU")
 
     def session(self, entry: str):
         if entry not in self.manifest["entries"]:

@@ -13,7 +13,7 @@ from k3c import backends
 from k3c.backends import UnsupportedNodeError
 from k3c.backends import tables as L
 from k3c.backends.onnx import OnnxBackend, OnnxRunner, lower_graph
-from k3c.errors import ArtifactError
+from k3c.errors import ArtifactError, UsageError
 from k3c.ir import OPS, InputError, TensorType
 
 
@@ -105,8 +105,10 @@ def test_wrong_dtype_and_count(k3_artifact):
 def test_bad_flavour_option_and_directory(tmp_path):
     with pytest.raises(ValueError, match="flavour must be one of portable, ort"):
         OnnxBackend(flavour="tensorrt")
-    with pytest.raises(TypeError, match="onnx backend: unknown option.*'target'.*known: flavour"):
-        backends.get("onnx", target="cuda")
+    with pytest.raises(TypeError, match="onnx backend: unknown option.*'arch'.*known: flavour"):
+        backends.get("onnx", arch="sm_90")
+    with pytest.raises(UsageError, match="onnx target 'rocm': the targets are cpu, cuda"):
+        backends.get("onnx", target="rocm")
     with pytest.raises(ArtifactError, match="holds no k3c artifact"):
         OnnxRunner(tmp_path)
 

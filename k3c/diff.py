@@ -361,7 +361,7 @@ def _diff_backend(spec: str, built: Built, ids, seq_len: int, decode_steps: int,
         if d.error:
             return d, None
         try:
-            if getattr(be, "gemm_io", None) == "bf16":  # its GEMMs return BF16 (passes/bf16_gemms.py)
+            if getattr(be, "gemm_io", None) == "bf16":  # its GEMMs return BF16 (passes/bf16_reads.py)
                 ref = with_bf16_outputs(ref)
             ref, d.routing = _policy_eager(ref, ids, seq_len, decode_steps, taken)
         except ValueError as e:  # the backend's graph routes otherwise than eager (a top-k fused away)

@@ -173,7 +173,7 @@ def bf16_policy(model: nn.Module, dtype: torch.dtype = torch.float32, bf16_outpu
     rest in float64; what the float32 one is measured against (k3c.numerics.BF16_COMPUTE).
 
     `bf16_outputs=True` is the form of a runtime whose BF16 GEMM returns a BF16 product
-    (onnxruntime's CUDA MatMul; passes/bf16_gemms.py): each such nn.Linear's output is rounded
+    (onnxruntime's CUDA MatMul; passes/bf16_reads.py): each such nn.Linear's output is rounded
     to BF16 too, except a gated MLP's gate and up projections, whose product the fused op
     (`gated_mlp`) holds inside in `dtype`, as the routed experts hold theirs."""
     if not low_precision(model):

@@ -21,7 +21,7 @@ if __name__ != "k3c.passes":  # imported under its bare name, e.g. from the repo
 from ..ir import Graph
 from ..registry import Registry
 from . import (  # noqa: F401  (register the passes)
-    bf16_gemms,
+    bf16_reads,
     chunk_delta_rule,
     compute_dtype,
     constant_fold,

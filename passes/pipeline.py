@@ -76,10 +76,11 @@ def backend_choices(be) -> dict:
     """What a backend says about the pipeline it runs (k3c.backends.base): the recurrent ops
     it takes whole (`takes_whole`), whether the cost model picks the prefill form
     (`chunk_by`), the chunk length its chunked pieces run fastest at (`chunk_size`), the fused
-    decode ops it lowers (`fuse`) and the dtype its runtime's BF16 GEMMs return (`gemm_io`)."""
+    decode ops it lowers (`fuse`), whether its runtime reads BF16 weights as stored
+    (`reads_bf16`) and the dtype its runtime's BF16 GEMMs return (`gemm_io`)."""
     return {"keep": getattr(be, "takes_whole", ()), "chunk_by": getattr(be, "chunk_by", None),
             "chunk_size": getattr(be, "chunk_size", None), "fuse": _lowered(be, FUSED_DECODE),
-            "gemm_io": getattr(be, "gemm_io", None)}
+            "reads_bf16": getattr(be, "reads_bf16", False), "gemm_io": getattr(be, "gemm_io", None)}
 
 
 def _lowered(be, ops: tuple[str, ...]) -> tuple[str, ...]:
@@ -94,7 +95,7 @@ def _lowered(be, ops: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def for_backend(steps: list, keep=(), compute: str | None = None, chunk_by: str | None = None,
-                chunk_size: int | None = None, state_dtype: str | None = None, fuse=(), gemm_io: str | None = None) -> list:
+                chunk_size: int | None = None, state_dtype: str | None = None, fuse=(), reads_bf16: bool = False, gemm_io: str | None = None) -> list:
     """`steps` as a backend needs them: the ops it takes whole (`keep`) stay whole through
     chunk-delta-rule (the one place the prefill form is decided), a backend that lets the
     cost model pick the form (`chunk_by="flops"`) or prefers a chunk length (`chunk_size`)
@@ -107,9 +108,10 @@ def for_backend(steps: list, keep=(), compute: str | None = None, chunk_by: str 
     gated_rms_norm it matches; for a model held in a lower precision, right after
     compute-dtype instead, behind a second fuse-norms: the pass takes float32 sites only, and
     the gated norm of a BF16 model is one only once compute-dtype has dropped its casts. A
-    backend whose runtime multiplies BF16 tensors into a BF16 product (`gemm_io="bf16"`) gets
-    bf16-gemms right after compute-dtype under `compute="bf16"`. Steps stay text, so the
-    pipeline an artifact records reads back."""
+    backend whose runtime reads BF16 weights as stored (`reads_bf16`) gets bf16-reads right
+    after compute-dtype, with its GEMMs under `compute="bf16"` where the runtime multiplies
+    BF16 tensors into a BF16 product (`gemm_io="bf16"`). Steps stay text, so the pipeline an
+    artifact records reads back."""
     keep = sorted(set(keep))
     fuse_decode = bool(set(fuse) & set(FUSED_DECODE)) and not any(parse_step(s)[0] == "fuse-kda-decode"
                                                                    for s in steps)
@@ -133,8 +135,8 @@ def for_backend(steps: list, keep=(), compute: str | None = None, chunk_by: str 
     if add_compute:
         at = len(out) - 1 if out and parse_step(out[-1])[0] == "dce" else len(out)
         opts = {"dtype": "f32", **({"gemm": "bf16"} if compute == "bf16" else {})}
-        out[at:at] = [format_step("compute-dtype", opts)] + (["bf16-gemms"] if compute == gemm_io == "bf16" else []) \
-            + (["fuse-norms", "fuse-kda-decode"] if fuse_decode else [])
+        reads = [format_step("bf16-reads", {} if compute == gemm_io == "bf16" else {"gemms": False})] if reads_bf16 else []
+        out[at:at] = [format_step("compute-dtype", opts)] + reads + (["fuse-norms", "fuse-kda-decode"] if fuse_decode else [])
     if state_dtype not in (None, "f32") and not any(parse_step(s)[0] == "state-dtype" for s in out):
         at = len(out) - 1 if out and parse_step(out[-1])[0] == "dce" else len(out)
         out.insert(at, format_step("state-dtype", {"dtype": state_dtype}))

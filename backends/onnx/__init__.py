@@ -13,7 +13,7 @@ Flavours (README.md has the op table):
 
 Targets: `cpu` (default), or `cuda`: built for onnxruntime's CUDA provider, where under
 `compute="bf16"` the plain GEMMs multiply the stored BF16 weights with its BF16 MatMul
-(passes/bf16_gemms.py); such an artifact needs that provider, checked when it first runs.
+(passes/bf16_reads.py); such an artifact needs that provider, checked when it first runs.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ TARGETS = ("cpu", "cuda")  # the execution provider an artifact is built for (On
 class OnnxBackend:
     name = "onnx"
     compute_dtype = "f32"  # a BF16 model computes in float32 from its BF16 / MXFP4 weights (compute-dtype)
+    reads_bf16 = True  # a BF16 embedding table gathered as stored (passes/bf16_reads.py; Gather takes BF16)
 
     def __init__(self, flavour: str = "portable", providers: list[str] | None = None, threads: int | None = None,
                  spinning: bool = False, target: str = "cpu"):
@@ -79,7 +80,7 @@ class OnnxBackend:
         asked for first): its MatMul takes BF16
         operands (docs/OperatorKernels.md: MatMul 13+, tensor(bfloat16)) and returns a BF16
         product, so under `compute="bf16"` the plain GEMMs read the stored BF16 weights as they
-        are (passes/bf16_gemms.py). None elsewhere: the CPU provider's MatMul takes no BF16, so
+        are (passes/bf16_reads.py). None elsewhere: the CPU provider's MatMul takes no BF16, so
         the weights are widened where read and multiplied in float32."""
         from .providers import CUDA, provider_name
 
@@ -132,7 +133,7 @@ class OnnxBackend:
 
 def _provider_needed(graphs: dict[str, Graph]) -> str | None:
     """The provider the artifact cannot run without: CUDA's where a GEMM multiplies BF16."""
-    from ...passes.bf16_gemms import PLAIN_GEMMS
+    from ...passes.bf16_reads import PLAIN_GEMMS
     from .providers import CUDA
 
     bf16 = any(n.op in PLAIN_GEMMS and g.types[n.outputs[0]].dtype == "bf16" for g in graphs.values() for n in g.nodes)

@@ -16,8 +16,9 @@ from k3c.backends.onnx.runner import OnnxRunner
 from k3c.errors import UsageError
 
 # op -> first opset of the CUDA provider's kernel whose input types include tensor(bfloat16),
-# as OperatorKernels.md lists them (Cast: "13+" and "[13, 18]" rows, T1 has bfloat16)
-CUDA_TAKES_BF16 = {"Cast": 13}
+# as OperatorKernels.md lists them (Cast: "13+" and "[13, 18]" rows, T1 has bfloat16; Gather:
+# "13+", T has bfloat16)
+CUDA_TAKES_BF16 = {"Cast": 13, "Gather": 13}
 
 
 @pytest.fixture(scope="module")

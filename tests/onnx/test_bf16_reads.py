@@ -1,4 +1,6 @@
-"""The ONNX artifact built for onnxruntime's CUDA provider under compute="bf16", checked
+"""BF16 weights read as stored by onnxruntime (passes/bf16_reads.py). On the CPU provider the
+embedding table is gathered as stored, with no float32 copy, and the artifact computes what it
+did. The artifact built for onnxruntime's CUDA provider under compute="bf16", checked
 without a GPU: its BF16 tensors are read only by ops whose CUDA kernels take BF16
 (onnxruntime's docs/OperatorKernels.md, CUDAExecutionProvider section), its GEMMs read the
 stored BF16 weights with no float32 copy, a CPU session refuses it by name, and what it
@@ -25,8 +27,9 @@ from k3c.backends.onnx.runner import OnnxRunner
 from k3c.compiler import capture_entries, prepare
 from k3c.diff import diff
 from k3c.errors import UsageError
-from k3c.models.precision import bf16_policy, with_bf16_outputs
-from k3c.numerics import BF16_COMPUTE
+from k3c.models.precision import bf16_policy, fp32_copy, with_bf16_outputs
+from k3c.numerics import BF16_COMPUTE, compare, model_tolerance
+from k3c.yardstick import float64_copy, float64_mode
 
 # op -> first opset of the CUDA provider's kernel whose inputs include tensor(bfloat16), as
 # OperatorKernels.md lists them: Cast "13+" (T1 has bfloat16), MatMul "13+" (T = bfloat16,
@@ -59,7 +62,7 @@ def test_bf16_is_read_only_by_kernels_the_cuda_provider_has(built):
     assert OnnxBackend().gemm_io is None
     assert json.loads((out / MANIFEST).read_text())["provider"] == CUDA
     for entry, g in prepared.items():
-        assert "bf16-gemms" in g.meta["pipeline"]
+        assert "bf16-reads" in g.meta["pipeline"]
         proto = onnx.load(out / f"{entry}.onnx", load_external_data=False)
         opset = next(o.version for o in proto.opset_import if o.domain == "")
         types = _types(proto)
@@ -78,6 +81,24 @@ def test_bf16_is_read_only_by_kernels_the_cuda_provider_has(built):
         assert len(table) == 1 and table[0] in stored, f"{entry}: the embedding table is gathered as stored"
         widened = {i for n in proto.graph.node if n.op_type == "Cast" for i in n.input} & (read | set(table))
         assert not widened, f"{entry}: float32 copies of {sorted(widened)}"
+
+
+def test_the_cpu_form_gathers_the_embedding_as_stored(tmp_path):
+    model = models.build("k3-tiny", seed=3, dtype=torch.bfloat16, **SMALL)
+    ids = torch.randint(0, model.config.vocab_size, (2, 8))
+    compiled = k3c.compile(model, "onnx", (ids,), out_dir=tmp_path / "onnx")
+    proto = onnx.load(tmp_path / "onnx" / "prefill.onnx", load_external_data=False)
+    table = "model.embed_tokens.weight"
+    stored = {t.name: t.data_type for t in proto.graph.initializer}
+    assert stored[table] == TensorProto.BFLOAT16
+    readers = [n.op_type for n in proto.graph.node if table in n.input]
+    assert readers == ["Gather"], readers  # no Cast: no float32 copy of the table at load
+    with torch.no_grad():
+        want = fp32_copy(model).prefill(ids)[0]
+        with float64_mode():
+            exact = float64_copy(fp32_copy(model)).prefill(ids)[0]
+    got = compiled.runner.run("prefill", ids)[0]
+    assert compare(got, want, tolerance=model_tolerance(want, exact)).ok
 
 
 @pytest.mark.skipif(CUDA in ort.get_available_providers(), reason="this onnxruntime has the CUDA provider")

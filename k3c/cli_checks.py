@@ -153,6 +153,15 @@ def flag_conflicts(args: argparse.Namespace) -> None:
         raise UsageError("--dot with --backend tvm: show prints the scheduled TIR there, no graph to draw")
     if given.get("mesh") is not None and not given["mesh"].strip():
         raise UsageError("--mesh '' names no mesh: give tp=N,ep=M (or leave --mesh out for one process)")
+    several = (given.get("backend") or "").strip() == "all" or "," in (given.get("backend") or "")
+    if args.command == "compile" and several:
+        one = [flag for flag, key in (("--target", "target"), ("--max-context", "max_context"), ("--cache", "cache"),
+                                      ("--expert-activations", "expert_activations"), ("--dump-after", "dump_after"),
+                                      ("--verify", "verify")) if given.get(key)]
+        if one:
+            raise UsageError(f"{', '.join(one)} with --backend {given['backend']}: that builds each backend for this "
+                             "machine and checks it; give one --backend to build with "
+                             f"{'it' if len(one) == 1 else 'them'}")
     if args.command == "compile" and given.get("seq_len") is not None:
         backend = given.get("backend", "")
         if not (backend.strip() == "all" or "," in backend or given.get("target", "") and

@@ -219,8 +219,9 @@ def compile(model: torch.nn.Module, backend: str, example_inputs: tuple, out_dir
 
     Writes the artifact to `out_dir` (a new temporary folder when None) and returns a
     callable backed by it. `options` configure the backend (onnx: flavour, providers,
-    threads, target "cpu" or "cuda"; tvm: target). The artifact is built beside `out_dir` and moved into place when
-    complete; a folder that holds anything but an artifact of this model for this backend is
+    threads, target "cpu" or "cuda"; tvm: target). The artifact is built beside `out_dir` and
+    moved into place when complete; a folder that holds anything but an artifact of this
+    model for this backend is
     not replaced unless `force`. An op the backend cannot lower is an UnsupportedNodeError
     that names every such node, the backend and the model line. `pass_options` go to
     `k3c.passes.run` (verify_each, dump_after, report).

@@ -21,8 +21,8 @@ import torch
 import torch.nn as nn
 
 from ..kernels.mxfp4 import decode, encode
-from .configs import KimiConfig, kimi_model_type
 from .common import GatedMLP
+from .configs import KimiConfig, kimi_model_type
 from .moe_layer import Experts, MoE, MXFP4Experts
 
 # Tensors a release keeps in F32 whatever the model's dtype (state-dict names), per family.

@@ -95,7 +95,8 @@ def _lowered(be, ops: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def for_backend(steps: list, keep=(), compute: str | None = None, chunk_by: str | None = None,
-                chunk_size: int | None = None, state_dtype: str | None = None, fuse=(), reads_bf16: bool = False, gemm_io: str | None = None) -> list:
+                chunk_size: int | None = None, state_dtype: str | None = None, fuse=(), reads_bf16: bool = False,
+                gemm_io: str | None = None) -> list:
     """`steps` as a backend needs them: the ops it takes whole (`keep`) stay whole through
     chunk-delta-rule (the one place the prefill form is decided), a backend that lets the
     cost model pick the form (`chunk_by="flops"`) or prefers a chunk length (`chunk_size`)
@@ -135,8 +136,10 @@ def for_backend(steps: list, keep=(), compute: str | None = None, chunk_by: str 
     if add_compute:
         at = len(out) - 1 if out and parse_step(out[-1])[0] == "dce" else len(out)
         opts = {"dtype": "f32", **({"gemm": "bf16"} if compute == "bf16" else {})}
-        reads = [format_step("bf16-reads", {} if compute == gemm_io == "bf16" else {"gemms": False})] if reads_bf16 else []
-        out[at:at] = [format_step("compute-dtype", opts)] + reads + (["fuse-norms", "fuse-kda-decode"] if fuse_decode else [])
+        gemms = {} if compute == gemm_io == "bf16" else {"gemms": False}
+        reads = [format_step("bf16-reads", gemms)] if reads_bf16 else []
+        fused = ["fuse-norms", "fuse-kda-decode"] if fuse_decode else []
+        out[at:at] = [format_step("compute-dtype", opts), *reads, *fused]
     if state_dtype not in (None, "f32") and not any(parse_step(s)[0] == "state-dtype" for s in out):
         at = len(out) - 1 if out and parse_step(out[-1])[0] == "dce" else len(out)
         out.insert(at, format_step("state-dtype", {"dtype": state_dtype}))

@@ -30,7 +30,6 @@ from .builder import LoweringError
 from .lower import FLAVOURS, lower_graph
 from .runner import OnnxRunner
 
-
 TARGETS = ("cpu", "cuda")  # the execution provider an artifact is built for (OnnxBackend(target=))
 
 
@@ -77,11 +76,11 @@ class OnnxBackend:
     @property
     def gemm_io(self) -> str | None:
         """"bf16" when built for onnxruntime's CUDA provider (`target="cuda"`, or that provider
-        asked for first): its MatMul takes BF16
-        operands (docs/OperatorKernels.md: MatMul 13+, tensor(bfloat16)) and returns a BF16
-        product, so under `compute="bf16"` the plain GEMMs read the stored BF16 weights as they
-        are (passes/bf16_reads.py). None elsewhere: the CPU provider's MatMul takes no BF16, so
-        the weights are widened where read and multiplied in float32."""
+        asked for first): its MatMul takes BF16 operands (docs/OperatorKernels.md: MatMul 13+,
+        tensor(bfloat16)) and returns a BF16 product, so under `compute="bf16"` the plain GEMMs
+        read the stored BF16 weights as they are (passes/bf16_reads.py). None elsewhere: the CPU
+        provider's MatMul takes no BF16, so the weights are widened where read and multiplied in
+        float32."""
         from .providers import CUDA, provider_name
 
         asked = [provider_name(p) for p in self.providers or []]

@@ -221,10 +221,9 @@ def compile(model: torch.nn.Module, backend: str, example_inputs: tuple, out_dir
     callable backed by it. `options` configure the backend (onnx: flavour, providers,
     threads, target "cpu" or "cuda"; tvm: target). The artifact is built beside `out_dir` and
     moved into place when complete; a folder that holds anything but an artifact of this
-    model for this backend is
-    not replaced unless `force`. An op the backend cannot lower is an UnsupportedNodeError
-    that names every such node, the backend and the model line. `pass_options` go to
-    `k3c.passes.run` (verify_each, dump_after, report).
+    model for this backend is not replaced unless `force`. An op the backend cannot lower is
+    an UnsupportedNodeError that names every such node, the backend and the model line.
+    `pass_options` go to `k3c.passes.run` (verify_each, dump_after, report).
 
     A module's dynamic dims: `dims={"x": "N _"}` (named, every other dim static) or
     `dynamic_shapes=` as torch.export takes it; by default B and T of `[B, T, ...]` inputs

@@ -9,16 +9,12 @@ import onnx
 import onnxruntime as ort
 import pytest
 import torch
+from cuda_kernels import CUDA_TAKES_BF16
 
 import k3c
 from k3c.backends.onnx.providers import CPU, CUDA, resolve
 from k3c.backends.onnx.runner import OnnxRunner
 from k3c.errors import UsageError
-
-# op -> first opset of the CUDA provider's kernel whose input types include tensor(bfloat16),
-# as OperatorKernels.md lists them (Cast: "13+" and "[13, 18]" rows, T1 has bfloat16; Gather:
-# "13+", T has bfloat16)
-CUDA_TAKES_BF16 = {"Cast": 13, "Gather": 13}
 
 
 @pytest.fixture(scope="module")

@@ -16,6 +16,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 import torch
+from cuda_kernels import CUDA_TAKES_BF16
 from onnx import TensorProto, helper
 
 import k3c
@@ -31,11 +32,6 @@ from k3c.models.precision import bf16_policy, fp32_copy, with_bf16_outputs
 from k3c.numerics import BF16_COMPUTE, compare, model_tolerance
 from k3c.yardstick import float64_copy, float64_mode
 
-# op -> first opset of the CUDA provider's kernel whose inputs include tensor(bfloat16), as
-# OperatorKernels.md lists them: Cast "13+" (T1 has bfloat16), MatMul "13+" (T = bfloat16,
-# double, float, float16; its [9, 12] and [1, 8] rows have no bfloat16), Gather "13+" (T has
-# bfloat16 in every row; 13 is the first of the opset this artifact imports)
-CUDA_TAKES_BF16 = {"Cast": 13, "MatMul": 13, "Gather": 13}
 SMALL = dict(experts="mxfp4", num_layers=4, mla_layers=(4,))  # KDA, MoE with MXFP4 experts, MLA
 
 

@@ -34,6 +34,8 @@ _REGISTRY = {
     "triton": "k3c.backends.triton:TritonBackend",
 }
 NAMES = tuple(_REGISTRY)
+# whose lower() is mostly native code (TVM: LLVM), outside the GIL: k3c diff builds them last
+_NATIVE_BUILDS = frozenset({"tvm"})
 
 
 _EXTRA: dict[str, type] = {}
@@ -47,6 +49,15 @@ def register(name: str, cls: type) -> None:
 def registered() -> tuple[str, ...]:
     """The names `register` added."""
     return tuple(_EXTRA)
+
+
+def native_build(name: str) -> bool:
+    """Whether backend `name` (NAME or NAME:FLAVOUR) builds mostly in native code, known without
+    importing it; a registered class says so by a true `native_build` attribute."""
+    name = name.split(":")[0]
+    if name in _EXTRA:
+        return bool(getattr(_EXTRA[name], "native_build", False))
+    return name in _NATIVE_BUILDS
 
 
 def get(name: str, **options) -> Backend:
@@ -69,5 +80,5 @@ def get(name: str, **options) -> Backend:
     return cls(**options)
 
 
-__all__ = ["get", "register", "registered", "NAMES", "Backend", "Runner", "UnsupportedNodeError", "check_supported",
-           "lowering", "Lowering"]
+__all__ = ["get", "register", "registered", "native_build", "NAMES", "Backend", "Runner", "UnsupportedNodeError",
+           "check_supported", "lowering", "Lowering"]

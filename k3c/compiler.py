@@ -14,6 +14,7 @@ from . import backends
 from .backends import artifact
 from .errors import InputError, UsageError
 from .frontend import capture
+from .frontend.side_by_side import capture_all
 from .ir import Graph
 from .passes.compute_dtype import LOW, POLICIES
 from .passes.state_dtype import STATE_DTYPES
@@ -35,8 +36,8 @@ def capture_entries(model: torch.nn.Module, example_inputs: tuple, dynamic: bool
         unknown = [e for e in entries if e not in ZOO_ENTRIES]
         if unknown or not entries:
             raise UsageError(f"entries={entries!r}: a zoo model's entries are {', '.join(ZOO_ENTRIES)}")
-        return {entry: capture(model, example_inputs, dynamic, entry=entry, max_context=max_context)
-                for entry in entries}
+        return capture_all(lambda entry: capture(model, example_inputs, dynamic, entry=entry,
+                                                 max_context=max_context), tuple(entries), model)
     return {"forward": capture(model, example_inputs, dynamic, dims=dims, dynamic_shapes=dynamic_shapes)}
 
 

@@ -289,9 +289,11 @@ def _diff(model, backends: list[str], ids: torch.Tensor, name: str, worker, *, s
     report.policy = policy if compute == "bf16" else None
     # the artifacts are built one after another in a thread while this one checks the ones
     # built already: what overlaps is the native part of a build (TVM's LLVM, onnx's writer)
-    def built(spec: str, b: Built) -> None:  # in the build thread: hand an interpreted backend to the worker
-        if worker is not None and simulated(spec) and b.error is None:
-            worker.submit(spec, b.out_dir, ids, seq_len, decode_steps, Names.of(b.graphs))
+    def built(spec: str, b: Built) -> bool:  # in the build thread: hand an interpreted backend to the worker
+        if worker is None or not simulated(spec):
+            return False
+        worker.submit(spec, b.out_dir, ids, seq_len, decode_steps, Names.of(b.graphs))
+        return True  # it loads there: this process never runs it
 
     builds = Builds(backends, captured, passes, root, force, compute, state_dtype, built)
     try:

@@ -2,10 +2,11 @@
 
 The pipeline as the backend runs it (passes, legalize), written and loaded, one backend after
 another in one thread: the thread that checks them takes each as soon as it is built. Those
-whose build is mostly native code (TVM's LLVM: a backend's `native_build`) go last, so that it
+whose build is mostly native code (TVM's LLVM: backends.native_build) go last, so that it
 overlaps with the checks of the others; interpreted ones first (their runs are the longest,
-and go to a worker process: k3c/diff_runs.py). The pipeline runs once per distinct set of
-steps (prepare's memo): until legalize the graphs of most backends are the same.
+and go to a worker process, k3c/diff_runs.py, which loads them itself). The pipeline runs once
+per distinct set of steps (prepare's memo): until legalize the graphs of most backends are the
+same.
 """
 
 from __future__ import annotations
@@ -39,13 +40,6 @@ def backend_for(spec: str, compute: str | None = None):
         raise UsageError(f"backend {spec!r} cannot compute in {compute}") from None
 
 
-def native_build(spec: str) -> bool:
-    try:
-        return bool(getattr(backend_for(spec), "native_build", False))
-    except Exception:  # an unknown name: its build fails first, with the reason
-        return False
-
-
 def simulated(spec: str) -> bool:
     """Whether the backend's speed says nothing: Triton under its interpreter."""
     from .kernels.common import triton_mode
@@ -66,15 +60,15 @@ class Built:
 
 class Builds:
     """Each backend's artifact (the pipeline as it runs it, legalized, written and loaded),
-    built one after another in one thread, those whose build is mostly native code (TVM's
-    LLVM: `native_build`) last, so that it overlaps with the checks of the others. The
-    pipeline runs once per distinct set of steps (prepare's memo): until legalize the graphs
-    of most backends are the same."""
+    built one after another in one thread, interpreted ones first (the worker runs them),
+    those whose build is mostly native code (TVM's LLVM: backends.native_build) last, so that
+    it overlaps with the checks of the others. The pipeline runs once per distinct set of
+    steps (prepare's memo): until legalize the graphs of most backends are the same."""
 
     def __init__(self, specs: list[str], captured: dict, passes, root: Path, force: bool,
                  compute: str | None, state_dtype: str | None, built):
         self._args = (captured, passes, force, compute, state_dtype)
-        self._built_hook = built  # called with each (spec, Built) as it is built
+        self._built_hook = built  # called with each (spec, Built) once written: True if it runs elsewhere
         self._done = {spec: threading.Event() for spec in specs}
         self._built = {spec: Built(spec, root / spec.replace(":", "-")) for spec in specs}
         self._finished: queue.Queue[str] = queue.Queue()
@@ -82,8 +76,21 @@ class Builds:
         self._thread = threading.Thread(target=self._run, name="k3c-diff-builds", daemon=True)
         self._thread.start()
 
-    def _run(self) -> None:
+    def _write(self, spec: str, memo: dict) -> float:
+        """Prepare and write `spec`'s artifact: the seconds of the write."""
         captured, passes, force, compute, state_dtype = self._args
+        b = self._built[spec]
+        b.be = backend_for(spec)
+        b.graphs = prepare(captured, b.be, passes, None, compute, state_dtype, memo=memo)
+        if compute == "bf16":
+            from .precision_check import with_routing_outputs
+
+            with_routing_outputs(b.graphs)
+        t0 = time.perf_counter()
+        artifact.write(b.be, b.graphs, b.out_dir, force=force)
+        return time.perf_counter() - t0
+
+    def _run(self) -> None:
         memo: dict = {}
         for spec in self._order():
             b = self._built[spec]
@@ -91,40 +98,26 @@ class Builds:
                 b.error = RuntimeError("not built: the diff stopped")
             else:
                 try:
-                    b.be = backend_for(spec)
-                    b.graphs = prepare(captured, b.be, passes, None, compute, state_dtype, memo=memo)
-                    if compute == "bf16":
-                        from .precision_check import with_routing_outputs
-
-                        with_routing_outputs(b.graphs)
+                    b.seconds = self._write(spec, memo)
                     t0 = time.perf_counter()
-                    artifact.write(b.be, b.graphs, b.out_dir, force=force)
-                    b.runner = b.be.load(b.out_dir)
-                    b.seconds = time.perf_counter() - t0
-                    self._built_hook(spec, b)
+                    if not self._built_hook(spec, b):  # run here: loaded here (the worker loads its own)
+                        b.runner = b.be.load(b.out_dir)
+                        b.seconds += time.perf_counter() - t0
                 except BaseException as e:  # handed to the thread that checks this backend
                     b.error = e
             self._done[spec].set()
             self._finished.put(spec)
 
-    def _order(self) -> Iterator[str]:
+    def _order(self) -> list[str]:
         """Interpreted ones first (their runs are the longest, in the worker), native builds
-        last, else as given. Decided here, not by the caller, and which builds are native only
-        once the interpreted ones are handed to the worker: telling one apart may import its
-        backend (TVM: two seconds and more), which neither the checks nor the worker need wait
-        for."""
+        last (they overlap the checks of the others), else as given."""
         specs = list(self._built)
         try:
             first = [s for s in specs if simulated(s)]
         except Exception:  # never a thread that ends before every backend is handed over
             first = []
-        yield from first
         rest = [s for s in specs if s not in first]
-        try:
-            rest.sort(key=native_build)
-        except Exception:
-            pass
-        yield from rest
+        return first + sorted(rest, key=backends_mod.native_build)
 
     def finished(self) -> Iterator[str]:
         """Every backend's name, each as soon as its build has finished (or failed)."""

@@ -35,7 +35,6 @@ from .target import parse
 class TvmBackend:
     name = "tvm"
     compute_dtype = "f32"  # a BF16 model computes in float32 from its BF16 / MXFP4 weights (compute-dtype)
-    native_build = True  # lower() spends most of its time in LLVM, outside the GIL (k3c diff builds it last)
 
     def __init__(self, target: str = "llvm", arch: str | None = None):
         self.target, mcpu = parse(target)  # "llvm -mcpu=NAME": kernels for another CPU (target.py)

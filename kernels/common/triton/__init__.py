@@ -15,6 +15,8 @@ first), programs run one after another (races cannot show) and it is slow: keep 
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from ..triton_mode import choose
@@ -133,10 +135,51 @@ if INTERPRET:
     _no_overflow_checks()
 
 
-def autotune(configs: list[triton.Config], key: list[str], **kwargs):
-    """`triton.autotune` on the GPU; under the interpreter only the first config, so nothing
-    is benchmarked (put the config that runs fastest under the interpreter first: big blocks)."""
-    return triton.autotune(configs=configs[:1] if INTERPRET else configs, key=key, **kwargs)
+_GPU_TILES = {"on": False}  # gpu_tiles() in effect
+_TUNED: list = []  # (autotuner, its interpreter config, the GPU's first config) where they differ
+
+
+def autotune(configs: list[triton.Config], key: list[str], interpreted: triton.Config | None = None, **kwargs):
+    """`triton.autotune` on the GPU. Under the interpreter one config, so nothing is
+    benchmarked: `interpreted` where the kernel names one (a tile larger than a GPU's registers
+    hold: the interpreter runs the programs one after another and pays per operation, not per
+    value), else the first (put the config that runs fastest under the interpreter first: big
+    blocks); inside `gpu_tiles()`, the first."""
+    if not INTERPRET:
+        return triton.autotune(configs=configs, key=key, **kwargs)
+
+    def tuned(fn):
+        tuner = triton.autotune(configs=[interpreted or configs[0]], key=key, **kwargs)(fn)
+        if interpreted is not None:
+            _TUNED.append((tuner, interpreted, configs[0]))
+            if _GPU_TILES["on"]:
+                tuner.configs = [configs[0]]
+        return tuner
+
+    return tuned
+
+
+def interpreter_tiles() -> bool:
+    """Whether the kernels take their interpreter tiles (autotune's `interpreted`, the rows
+    and chunk splits below): under the interpreter, outside `gpu_tiles()`."""
+    return INTERPRET and not _GPU_TILES["on"]
+
+
+@contextlib.contextmanager
+def gpu_tiles():
+    """Under the interpreter, every kernel at a tile a GPU runs it at (the first config, the
+    GPU's rows per program and chunk splits) instead of its interpreter tile: what the tests
+    use to run the code paths a GPU compiles, which a larger tile may skip (a chunk's
+    off-diagonal blocks)."""
+    _GPU_TILES["on"] = True
+    for tuner, _, gpu in _TUNED:
+        tuner.configs = [gpu]
+    try:
+        yield
+    finally:
+        _GPU_TILES["on"] = False
+        for tuner, interp, _ in _TUNED:
+            tuner.configs = [interp]
 
 
 F32_TILE = 2048  # most outputs of one program's tile when its dots take fp32 operands
@@ -177,8 +220,8 @@ def rows_per_program(rows: int, width: int) -> tuple[int, int]:
     """(rows per program, num_warps) of a row kernel over `width` columns (the block's power
     of two): about 4096 fp32 values a program on a GPU (16 to 32 a thread, no spills at any
     model width), as many rows as possible under the interpreter (its cost is per operation)."""
-    if INTERPRET:
-        return min(64, triton.next_power_of_2(max(rows, 1))), 4
+    if interpreter_tiles():
+        return min(256, triton.next_power_of_2(max(rows, 1))), 4
     br = max(1, min(triton.next_power_of_2(max(rows, 1)), 4096 // width))
     return br, 4 if width <= 2048 else 8
 
@@ -225,5 +268,5 @@ def check_device(what: str, *tensors: torch.Tensor) -> None:
                              f"got one on {t.device} (or set TRITON_INTERPRET=1 before importing k3c's kernels)")
 
 
-__all__ = ["INTERPRET", "DEVICE", "autotune", "tile_fits", "prune_rows", "rows_bucket", "rows_per_program",
-           "dot_precision", "dots_in_fp32", "block", "check_device"]
+__all__ = ["INTERPRET", "DEVICE", "autotune", "interpreter_tiles", "gpu_tiles", "tile_fits", "prune_rows",
+           "rows_bucket", "rows_per_program", "dot_precision", "dots_in_fp32", "block", "check_device"]

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import torch
 
-from ...common.triton import autotune, block, check_device, dot_precision
+from ...common.triton import autotune, block, check_device, dot_precision, interpreter_tiles
 
 import triton  # isort: skip  (after common.triton has chosen the mode)
 import triton.language as tl  # isort: skip
@@ -233,7 +233,9 @@ def chunk_prepare(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch
         q, k, gv, bv, G, q_dec, k_dec, kbg, decay, *gv.stride(), *bv.stride(), T, NC, H=H, K=K, C=C, BK=BK)
     L, aqk = torch.empty(B, H, NC, C, C, **f32), torch.empty(B, H, NC, C, C, **f32)
     prec = dot_precision()
-    BC = 16  # rows per program of the scores; C is a power of two >= 16
+    # rows per program of the scores (C is a power of two >= 16): 16 on a GPU (registers); the
+    # whole chunk under the interpreter, a quarter of the programs, the same values to rounding
+    BC = C if interpreter_tiles() else 16
     chunk_scores_kernel[(C // BC, NC, B * H)](q, k, G, bv, L, aqk, *bv.stride(), T, NC, H=H, K=K, C=C, BC=BC, PREC=prec)
     if gate == "linear":
         w = torch.zeros(B, H, NC, C, K, **f32)

@@ -17,10 +17,11 @@ import triton.language as tl  # isort: skip
 
 # The W taps' loads are all in flight at once (x and state, [BT, BC] each): tiles of 64 x 128
 # at 4 warps spilled on sm_90, so a tile holds at most 32 values a thread. A decode step
-# (T = 1) keeps the 16-step tile only (prune_rows).
+# (T = 1) keeps the 16-step tile only (prune_rows). The interpreter takes 256 x 128 tiles.
 @autotune(configs=[triton.Config({"BT": 64, "BC": 64}, num_warps=8), triton.Config({"BT": 32, "BC": 64}, num_warps=4),
                    triton.Config({"BT": 16, "BC": 128}, num_warps=4)],
-          key=["T_BUCKET", "C", "W"], prune_configs_by=prune_rows("T", "BT"))
+          key=["T_BUCKET", "C", "W"], prune_configs_by=prune_rows("T", "BT"),
+          interpreted=triton.Config({"BT": 256, "BC": 128}))
 @triton.jit
 def short_conv_kernel(x, w, state, y, state_out, T, T_BUCKET, C: tl.constexpr, W: tl.constexpr, BT: tl.constexpr,
                       BC: tl.constexpr, SILU: tl.constexpr):

@@ -89,7 +89,8 @@ def situ(gate: torch.Tensor, up: torch.Tensor, beta: float = BETA, linear_beta: 
                    triton.Config({"BM": 64, "BN": 32, "BK": 64}, num_warps=4, num_stages=3),
                    triton.Config({"BM": 32, "BN": 64, "BK": 64}, num_warps=4, num_stages=3),
                    triton.Config({"BM": 16, "BN": 64, "BK": 64}, num_warps=4, num_stages=4)],
-          key=["M_BUCKET", "N", "K"], prune_configs_by=prune_rows("M", "BM", "BN"))
+          key=["M_BUCKET", "N", "K"], prune_configs_by=prune_rows("M", "BM", "BN"),
+          interpreted=triton.Config({"BM": 256, "BN": 128, "BK": 64}))
 @triton.jit
 def gated_gemm_kernel(x, w, out, M, M_BUCKET, beta, linear_beta, N: tl.constexpr, K: tl.constexpr,
                       BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, ACT: tl.constexpr,

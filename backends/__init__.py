@@ -36,6 +36,8 @@ _REGISTRY = {
 NAMES = tuple(_REGISTRY)
 # whose lower() is mostly native code (TVM: LLVM), outside the GIL: k3c diff builds them last
 _NATIVE_BUILDS = frozenset({"tvm"})
+# the flavours a backend takes (NAME:FLAVOUR), the first its default; known without importing it
+FLAVOURS = {"onnx": ("portable", "ort")}
 
 
 _EXTRA: dict[str, type] = {}
@@ -80,5 +82,5 @@ def get(name: str, **options) -> Backend:
     return cls(**options)
 
 
-__all__ = ["get", "register", "registered", "native_build", "NAMES", "Backend", "Runner", "UnsupportedNodeError",
-           "check_supported", "lowering", "Lowering"]
+__all__ = ["get", "register", "registered", "native_build", "FLAVOURS", "NAMES", "Backend", "Runner",
+           "UnsupportedNodeError", "check_supported", "lowering", "Lowering"]

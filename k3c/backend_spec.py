@@ -21,12 +21,10 @@ DEFAULT_VARIANT = {"onnx": "portable", "tvm": "llvm"}
 
 
 def flavours_of(name: str) -> tuple[str, ...]:
-    """The flavours backend `name` takes (only onnx has any)."""
-    if name != "onnx":
-        return ()
-    from .backends.onnx.lower import FLAVOURS
+    """The flavours backend `name` takes (only onnx has any), without importing the backend."""
+    from .backends import FLAVOURS
 
-    return tuple(FLAVOURS)
+    return FLAVOURS.get(name, ())
 
 
 @dataclass(frozen=True)

@@ -19,11 +19,12 @@ import torch
 from onnx import helper as oh
 
 from ...ir import OPS, Graph, Node, named_inputs
+from .. import FLAVOURS as BACKEND_FLAVOURS
 from .. import tables as L
 from .builder import DOMAIN, IR_VERSION, MS_DOMAIN, ONNX_TYPES, OPSET, Builder, LoweringError, numbering, value_info
 from .functions import FUNCTIONS, function_proto
 
-FLAVOURS = ("portable", "ort")
+FLAVOURS = BACKEND_FLAVOURS["onnx"]
 PRESENT = "present."
 
 

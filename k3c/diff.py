@@ -297,6 +297,7 @@ def _diff(model, backends: list[str], ids: torch.Tensor, name: str, worker, *, s
 
     builds = Builds(backends, captured, passes, root, force, compute, state_dtype, built)
     try:
+        builds.import_native()  # here, while the build thread builds the others (TVM's: 2 s)
         if ref is None:
             ref = _eager(yardstick, ids, seq_len, decode_steps, state_dtype)
         checked, runners, in_worker = {}, {}, []

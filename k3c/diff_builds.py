@@ -119,6 +119,16 @@ class Builds:
         rest = [s for s in specs if s not in first]
         return first + sorted(rest, key=backends_mod.native_build)
 
+    def import_native(self) -> None:
+        """Import the backends built last (native builds: TVM's import takes 2 s), for a thread
+        other than the build thread to call while that one builds the others."""
+        for spec in self._built:
+            if backends_mod.native_build(spec):
+                try:
+                    backend_for(spec)
+                except Exception:  # its build raises it, in its place
+                    pass
+
     def finished(self) -> Iterator[str]:
         """Every backend's name, each as soon as its build has finished (or failed)."""
         for _ in self._built:

@@ -7,8 +7,9 @@ cost, runs one function, and sends its result back through a file.
 
 A child that fails sends nothing: the caller does the work itself, so an error is raised as it
 would have been without the child. `usable()` says whether to fork at all: only from a process
-with one Python thread (a thread of the parent may hold a lock the child would wait for), where
-`os.fork` exists and more than one core is usable; `K3C_FORK=0` turns it off.
+with one Python thread, however started (a thread of the parent may hold a lock the child
+would wait for: a pytest-xdist worker's), that has not initialised CUDA, where `os.fork` exists
+and more than one core is usable; `K3C_FORK=0` turns it off.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import os
 import pickle
 import sys
 import tempfile
-import threading
 from collections.abc import Callable
 
 
@@ -29,9 +29,15 @@ def cores() -> int:
 
 
 def usable() -> bool:
-    """Whether work may go to a forked child here."""
-    return (hasattr(os, "fork") and cores() > 1 and threading.active_count() == 1
-            and os.environ.get("K3C_FORK", "1") != "0")
+    """Whether work may go to a forked child here: not once CUDA is initialised either (a forked
+    child cannot use it)."""
+    # every thread with a Python state, those `threading` does not list included (execnet's,
+    # started by `_thread`): a thread of the parent may hold a lock the child would wait for
+    if not (hasattr(os, "fork") and cores() > 1 and len(sys._current_frames()) == 1
+            and os.environ.get("K3C_FORK", "1") != "0"):
+        return False
+    torch = sys.modules.get("torch")
+    return torch is None or not torch.cuda.is_initialized()
 
 
 class Child:

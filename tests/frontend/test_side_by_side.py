@@ -78,8 +78,10 @@ def test_a_child_that_fails_is_captured_here_with_its_error():
 
 
 def test_no_fork_where_threads_run():
+    """Nor where a thread runs that `threading` does not list (pytest-xdist's, started by
+    `_thread`): a child forked beside one deadlocked in torch.export, on a lock it held."""
     run("""
-        import threading, time
+        import _thread, threading, time
         from k3c.forked import usable
         assert usable()
         stop = threading.Event()
@@ -89,4 +91,24 @@ def test_no_fork_where_threads_run():
         finally:
             stop.set(); t.join()
         assert usable()
+        started, release, done = threading.Event(), threading.Event(), threading.Event()
+        _thread.start_new_thread(lambda: (started.set(), release.wait(), done.set()), ())
+        started.wait()
+        try:
+            assert threading.active_count() == 1 and not usable()
+        finally:
+            release.set(); done.wait()
+        for _ in range(200):  # the thread's state goes once its function has returned
+            if usable():
+                break
+            time.sleep(0.01)
+        assert usable()
     """)
+
+
+def test_no_fork_in_a_test_worker():
+    from k3c.forked import usable
+
+    if "PYTEST_XDIST_WORKER" not in __import__("os").environ:
+        pytest.skip("runs in a pytest-xdist worker (-n 2)")
+    assert not usable()  # execnet's thread

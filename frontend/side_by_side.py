@@ -7,11 +7,13 @@ back with each weight that is one of the model's own tensors named rather than c
 process rebinds it to that tensor, detached as a capture here detaches it), and the warnings
 its capture raised, which are raised again here. The entries of a child that failed are
 captured here after the others, so an error (an unsupported op and its source line) is raised
-exactly as a capture here raises it.
+exactly as a capture here raises it; so are those of a child that has not ended long after
+this process captured its own (killed: a hang costs time, never the run).
 """
 
 from __future__ import annotations
 
+import time
 import warnings
 from collections.abc import Callable
 
@@ -23,6 +25,7 @@ from ..ir import Graph
 _OWN = "k3c:model-tensor"  # what a child sends for a weight that is the model's own tensor
 
 children_used = 0  # how many entries were captured in children (read by the tests)
+PATIENCE = 120.0  # seconds at least that a child may take after this process's own captures
 
 
 def capture_all(capture_one: Callable[[str], Graph], entries: tuple[str, ...],
@@ -38,10 +41,13 @@ def capture_all(capture_one: Callable[[str], Graph], entries: tuple[str, ...],
     try:
         for share in theirs:
             children.append(Child(lambda share=share: _captured(capture_one, share, model)))
+        t0 = time.monotonic()
         got.update((e, capture_one(e)) for e in mine)
+        # a child's entries take about as long as these: one far longer hangs, and is done here
+        patience = max(PATIENCE, 4 * (time.monotonic() - t0))
         own = _own_tensors(model)
         while children:
-            ok, sent = children.pop(0).result()
+            ok, sent = children.pop(0).result(timeout=patience)
             if ok:
                 got.update(_received(sent, own))
     finally:  # this process failed (or was interrupted) first: end the children, leave no file

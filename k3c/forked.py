@@ -18,6 +18,7 @@ import os
 import pickle
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 
 
@@ -52,10 +53,20 @@ class Child:
         if self._pid == 0:
             _run(fn, self._path)  # never returns
 
-    def result(self) -> tuple[bool, object]:
-        """(True, what fn returned), or (False, None) when the child failed or was killed."""
+    def result(self, timeout: float | None = None) -> tuple[bool, object]:
+        """(True, what fn returned), or (False, None) when the child failed, was killed, or has
+        not ended within `timeout` seconds (then it is killed: a child that hangs on a lock
+        some native thread of the parent held at the fork costs time, never the run)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         try:
-            _, status = os.waitpid(self._pid, 0)
+            while True:
+                pid, status = os.waitpid(self._pid, 0 if deadline is None else os.WNOHANG)
+                if pid:
+                    break
+                if time.monotonic() > deadline:
+                    self.kill()
+                    return False, None
+                time.sleep(0.02)
             if os.waitstatus_to_exitcode(status) != 0:
                 return False, None
             with open(self._path, "rb") as f:
@@ -68,7 +79,7 @@ class Child:
 
     def kill(self) -> None:
         """End the child now (when its result is no longer wanted) and remove its file."""
-        if self._pid:
+        if self._pid > 0:
             try:
                 os.kill(self._pid, 9)
                 os.waitpid(self._pid, 0)

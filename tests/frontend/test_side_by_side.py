@@ -77,6 +77,28 @@ def test_a_child_that_fails_is_captured_here_with_its_error():
     assert "raised: entry b: unsupported op aten.foo (model.py:12)" in out
 
 
+def test_a_child_that_hangs_is_killed_and_its_entry_captured_here():
+    out = run("""
+        import os, time
+        from k3c.frontend import side_by_side
+        from k3c.ir import Graph
+
+        parent = os.getpid()
+        side_by_side.PATIENCE = 1.0
+
+        def capture_one(entry):
+            if os.getpid() != parent:
+                time.sleep(600)  # as on a lock no thread of the child will release
+            return Graph(name=entry)
+
+        t0 = time.monotonic()
+        got = side_by_side.capture_all(capture_one, ("a", "b"), __import__("torch").nn.Linear(2, 2))
+        assert [g.name for g in got.values()] == ["a", "b"] and side_by_side.children_used == 0
+        print("seconds", time.monotonic() - t0)
+    """)
+    assert float(out.split()[-1]) < 30
+
+
 def test_no_fork_where_threads_run():
     """Nor where a thread runs that `threading` does not list (pytest-xdist's, started by
     `_thread`): a child forked beside one deadlocked in torch.export, on a lock it held."""

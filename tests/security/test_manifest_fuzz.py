@@ -102,13 +102,20 @@ def test_a_mutated_manifest_raises_only_k3c_errors_quickly(folders, clean_load_c
     # manifest makes k3c do (a shape like 10**10**10 once spun for minutes). Wall time on a
     # shared 2-core machine also counts the other test worker, so it bounds only waiting (a
     # FIFO, a lock) and gets more room.
-    start, cpu = time.perf_counter(), time.process_time()
-    try:
-        _load_and_check(backend, out)
-    except K3cError:
-        pass
-    assert time.process_time() - cpu < clean_load_cpu[backend] + 1.0
-    assert time.perf_counter() - start < 10.0
+    # A first use of some path (a lazy import, a library's one-time set-up, a collection of the
+    # worker's heap) is not work the manifest makes k3c do: over the bound, it is measured
+    # again, and the second load must keep to it.
+    for _ in range(2):
+        start, cpu = time.perf_counter(), time.process_time()
+        try:
+            _load_and_check(backend, out)
+        except K3cError:
+            pass
+        spent, waited = time.process_time() - cpu, time.perf_counter() - start
+        if spent < clean_load_cpu[backend] + 1.0 and waited < 10.0:
+            break
+    assert spent < clean_load_cpu[backend] + 1.0
+    assert waited < 10.0
 
 
 def test_the_unmutated_manifests_load(folders):

@@ -58,7 +58,7 @@ def bf16_reads(graph: Graph, gemms: bool = True) -> dict:
     under the BF16 policy, linear / matmul on BF16-valued float32 operands -> the GEMM on the
     BF16 values, its BF16 product widened."""
     gemms = gemms and graph.meta.get("compute") == "bf16"
-    producers = {o: n for n in graph.nodes for o in n.outputs}
+    producers = graph.producers()
     nodes: list[Node] = []
     sites = {"gathers": 0, "gemms": 0}
     for node in graph.nodes:

@@ -64,14 +64,22 @@ def run_artifact(runner, ids: torch.Tensor, seq_len: int, decode_steps: int, nam
     return runs
 
 
+# The worker's numpy (OpenBLAS) and torch (OpenMP) on one thread each: the interpreter's
+# operations are on tiles, too small for a second thread to pay, and a pool's threads spin
+# between them on the core the builds and checks of the diff need. On a 2-core Zen 4 the main
+# job took 5 to 8 CPU-s less, 1.5 to 3 s of wall time (benchmarks/bench_main_job.py).
+ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+
+
 class Worker:
     """A worker process that runs artifacts: `submit` a written artifact, `result` its Runs.
     Jobs run one at a time in the order submitted. `close` ends the process (always call it)."""
 
     def __init__(self):
         self._log = tempfile.TemporaryFile("w+")  # what the worker says on stderr, read if it dies
+        env = {**os.environ, **ONE_THREAD}
         self._proc = subprocess.Popen([sys.executable, "-m", "k3c.diff_runs"], stdin=subprocess.PIPE,
-                                      stdout=subprocess.PIPE, stderr=self._log, text=True)
+                                      stdout=subprocess.PIPE, stderr=self._log, text=True, env=env)
         self._lock = threading.Lock()
 
     def submit(self, spec: str, out_dir: Path, ids: torch.Tensor, seq_len: int, decode_steps: int,

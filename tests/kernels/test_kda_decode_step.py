@@ -53,6 +53,22 @@ def test_triton_kernel(shape, gate):
           "triton")
 
 
+@pytest.mark.parametrize("shape, gate", CASES[2:4])
+def test_triton_kernel_one_head_a_program(shape, gate):
+    """At a GPU's tile (one head a program) as well as the interpreter's (every head of a
+    batch row in one program, H = 3 in a block of 4: a masked head)."""
+    from k3c.kernels.common.triton import gpu_tiles
+    from k3c.kernels.kda_decode.triton import kda_decode_step
+    from k3c.kernels.kda_decode.triton.step import heads_per_program
+
+    assert heads_per_program(shape[1]) == 4
+    ins = step_inputs(*shape, gate)
+    with gpu_tiles():
+        assert heads_per_program(shape[1]) == 1
+        check(kda_decode_step(*ins, **attrs(shape[2], gate)), naive_kda_decode_step(*ins, **attrs(shape[2], gate)),
+              "triton at a GPU's tile")
+
+
 @pytest.mark.parametrize("shape, gate", CASES)
 def test_tvm_kernel(shape, gate):
     import tvm

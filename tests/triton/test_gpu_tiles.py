@@ -20,6 +20,7 @@ from k3c.ir import OPS
 from k3c.kernels.common.triton import gpu_tiles, interpreter_tiles, rows_per_program
 from k3c.kernels.delta.triton import chunk_prepare
 from k3c.kernels.short_conv.triton.depthwise import short_conv_kernel
+from k3c.kernels.situ.triton.epilogue import gated_gemm_kernel
 from k3c.numerics import assert_close
 
 f32 = torch.float32
@@ -40,6 +41,19 @@ def test_gpu_tiles_switch_every_choice_and_back():
         assert short_conv_kernel.configs[0].kwargs == {"BT": 64, "BC": 64}  # the GPU's first config
         assert rows_per_program(1000, 64)[0] == 64  # 4096 values a program
     assert interpreter_tiles() and short_conv_kernel.configs[0].kwargs == {"BT": 256, "BC": 128}
+
+
+@pytest.mark.parametrize("rows, bm", [(1, 16), (16, 16), (40, 64), (64, 64), (65, 64), (1000, 256)])
+def test_interpreter_tiles_follow_the_rows(rows, bm):
+    """A ByRows kernel takes, under the interpreter, the largest row block its rows need (a
+    decode step's one row not in a 256-row tile), without timing anything; a GPU's first
+    config inside gpu_tiles()."""
+    pick = gated_gemm_kernel.early_config_prune
+    assert [c.kwargs["BM"] for c in gated_gemm_kernel.configs] == [16, 64, 256]
+    assert [c.kwargs["BM"] for c in pick(gated_gemm_kernel.configs, {"M": rows})] == [bm]
+    with gpu_tiles():
+        assert [c.kwargs for c in gated_gemm_kernel.configs] == [{"BM": 64, "BN": 64, "BK": 64}]
+    assert len(gated_gemm_kernel.configs) == 3
 
 
 @pytest.mark.parametrize("gate", ["channel", "head", "none"])

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from ...common.triton import autotune, block, check_device, dot_precision, dots_in_fp32, prune_rows, rows_bucket
+from ...common.triton import ByRows, autotune, block, check_device, dot_precision, dots_in_fp32, prune_rows, rows_bucket
 
 import triton  # isort: skip  (after common.triton has chosen the mode)
 import triton.language as tl  # isort: skip
@@ -46,7 +46,7 @@ def _prune(configs: list, named_args: dict, **kwargs) -> list:
                    triton.Config({"BM": 16, "BN": 64}, num_warps=4, num_stages=3),
                    triton.Config({"BM": 16, "BN": 16}, num_warps=4, num_stages=2)],
           key=["T_BUCKET", "D1", "D2", "DV"], prune_configs_by={"early_config_prune": _prune},
-          interpreted=triton.Config({"BM": 128, "BN": 64}))
+          interpreted=ByRows("T", "BM", [triton.Config({"BM": 16, "BN": 256}), triton.Config({"BM": 128, "BN": 128})]))
 @triton.jit
 def flash_attention_kernel(q1, q2, k1, k2, v, o, s_q1b, s_q1t, s_q1h, s_q2b, s_q2t, s_q2h, s_k1b, s_k1s, s_k1h,
                            s_k2b, s_k2s, s_k2h, s_vb, s_vs, s_vh, s_ob, s_ot, s_oh, T, T_BUCKET, S, scale,

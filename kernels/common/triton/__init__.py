@@ -136,22 +136,53 @@ if INTERPRET:
 
 
 _GPU_TILES = {"on": False}  # gpu_tiles() in effect
-_TUNED: list = []  # (autotuner, its interpreter config, the GPU's first config) where they differ
+_TUNED: list = []  # (autotuner, its interpreter configs, the GPU's first config) where they differ
 
 
-def autotune(configs: list[triton.Config], key: list[str], interpreted: triton.Config | None = None, **kwargs):
-    """`triton.autotune` on the GPU. Under the interpreter one config, so nothing is
-    benchmarked: `interpreted` where the kernel names one (a tile larger than a GPU's registers
-    hold: the interpreter runs the programs one after another and pays per operation, not per
-    value), else the first (put the config that runs fastest under the interpreter first: big
-    blocks); inside `gpu_tiles()`, the first."""
+class ByRows:
+    """Interpreter tiles by the rows a launch has: of `configs` (one per `block` size), the one
+    with the largest `block` that the kernel's `rows` argument needs (at least 16), so that a
+    decode step's one row does not run in a 256-row tile, nor a prefill in a 16-row one."""
+
+    def __init__(self, rows: str, block: str, configs: list[triton.Config]):
+        self.rows, self.block, self.configs = rows, block, configs
+
+    def pick(self, configs: list, named_args: dict, **kwargs) -> list:
+        n = named_args[self.rows] if self.rows in named_args else kwargs[self.rows]
+        cap = max(16, triton.next_power_of_2(max(int(n), 1)))
+        fit = [c for c in configs if c.kwargs[self.block] <= cap]
+        size = lambda c: c.kwargs[self.block]
+        return [max(fit, key=size) if fit else min(configs, key=size)]
+
+
+def _not_timed(*args, **kwargs) -> list[float]:
+    """The autotuner's benchmark under the interpreter: nothing is run (its speed says nothing
+    of a GPU), so the one config ByRows.pick leaves is taken."""
+    return [0.0, 0.0, 0.0]
+
+
+def autotune(configs: list[triton.Config], key: list[str], interpreted: triton.Config | ByRows | None = None,
+             **kwargs):
+    """`triton.autotune` on the GPU. Under the interpreter nothing is benchmarked: the config
+    `interpreted` names (a tile larger than a GPU's registers hold: the interpreter runs the
+    programs one after another and pays per operation, not per value), or the one a ByRows
+    picks for the launch's rows (the autotune key must hold their bucket), else the first
+    config (put the config that runs fastest under the interpreter first: big blocks); inside
+    `gpu_tiles()`, the first."""
     if not INTERPRET:
         return triton.autotune(configs=configs, key=key, **kwargs)
 
     def tuned(fn):
-        tuner = triton.autotune(configs=[interpreted or configs[0]], key=key, **kwargs)(fn)
+        if isinstance(interpreted, ByRows):
+            own = interpreted.configs
+            tuner = triton.autotune(configs=own, key=key,
+                                    **{**kwargs, "prune_configs_by": {"early_config_prune": interpreted.pick}})(fn)
+            tuner._bench = _not_timed
+        else:
+            own = [interpreted or configs[0]]
+            tuner = triton.autotune(configs=own, key=key, **kwargs)(fn)
         if interpreted is not None:
-            _TUNED.append((tuner, interpreted, configs[0]))
+            _TUNED.append((tuner, own, configs[0]))
             if _GPU_TILES["on"]:
                 tuner.configs = [configs[0]]
         return tuner
@@ -179,7 +210,7 @@ def gpu_tiles():
     finally:
         _GPU_TILES["on"] = False
         for tuner, interp, _ in _TUNED:
-            tuner.configs = [interp]
+            tuner.configs = list(interp)
 
 
 F32_TILE = 2048  # most outputs of one program's tile when its dots take fp32 operands

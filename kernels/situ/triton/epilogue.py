@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from ...common.triton import autotune, check_device, dot_precision, dots_in_fp32, prune_rows
+from ...common.triton import ByRows, autotune, check_device, dot_precision, dots_in_fp32, prune_rows
 from ..naive import ACTIVATIONS, BETA, LINEAR_BETA
 
 import triton  # isort: skip  (after common.triton has chosen the mode)
@@ -90,7 +90,7 @@ def situ(gate: torch.Tensor, up: torch.Tensor, beta: float = BETA, linear_beta: 
                    triton.Config({"BM": 32, "BN": 64, "BK": 64}, num_warps=4, num_stages=3),
                    triton.Config({"BM": 16, "BN": 64, "BK": 64}, num_warps=4, num_stages=4)],
           key=["M_BUCKET", "N", "K"], prune_configs_by=prune_rows("M", "BM", "BN"),
-          interpreted=triton.Config({"BM": 256, "BN": 128, "BK": 64}))
+          interpreted=ByRows("M", "BM", [triton.Config({"BM": bm, "BN": 128, "BK": 64}) for bm in (16, 64, 256)]))
 @triton.jit
 def gated_gemm_kernel(x, w, out, M, M_BUCKET, beta, linear_beta, N: tl.constexpr, K: tl.constexpr,
                       BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, ACT: tl.constexpr,

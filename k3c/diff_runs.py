@@ -67,7 +67,7 @@ def run_artifact(runner, ids: torch.Tensor, seq_len: int, decode_steps: int, nam
 # The worker's numpy (OpenBLAS) and torch (OpenMP) on one thread each: the interpreter's
 # operations are on tiles, too small for a second thread to pay, and a pool's threads spin
 # between them on the core the builds and checks of the diff need. On a 2-core Zen 4 the main
-# job took 5 to 8 CPU-s less, 1.5 to 3 s of wall time (benchmarks/bench_main_job.py).
+# job took 5 to 8 CPU-s less, 1.5 to 3 s of wall time (runs alternated by hand: BENCHMARKS.md).
 ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
 
 

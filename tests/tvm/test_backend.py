@@ -83,6 +83,19 @@ def test_bad_state_shape_names_the_state(small):
         runner.run("decode", example_ids(model, 2, 1), *state)
 
 
+def test_the_vm_matches_shapes_without_the_kernels_asserts(small):
+    """The kernels are built without their argument checks (build.without_kernel_asserts):
+    called past the runner's checks, the VM's own matching of an entry's inputs still stops
+    a state of the wrong shape with an error naming it, before any kernel runs."""
+    model, graphs, out, runner = small
+    logits, *state = runner.run("prefill", example_ids(model, 2, 5))
+    state[0] = state[0][:, :, :, :-1].contiguous()
+    args = [runner._to_tvm(x) for x in (example_ids(model, 2, 1), *state)]
+    with pytest.raises(Exception, match=r"(?i)shape|dim") as e:
+        runner._vm["decode"](*args, *runner._params)
+    assert "decode" in str(e.value)
+
+
 def test_artifact_is_the_library_the_weights_and_a_manifest(small):
     model, graphs, out, runner = small
     assert sorted(p.name for p in out.iterdir()) == ["lib.so", "manifest.json", "weights.safetensors"]

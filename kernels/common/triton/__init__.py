@@ -165,7 +165,7 @@ def autotune(configs: list[triton.Config], key: list[str], interpreted: triton.C
              **kwargs):
     """`triton.autotune` on the GPU. Under the interpreter nothing is benchmarked: the config
     `interpreted` names (a tile larger than a GPU's registers hold: the interpreter runs the
-    programs one after another and pays per operation, not per value), or the one a ByRows
+    programs one after another and pays mostly per operation), or the one a ByRows
     picks for the launch's rows (the autotune key must hold their bucket), else the first
     config (put the config that runs fastest under the interpreter first: big blocks); inside
     `gpu_tiles()`, the first."""

@@ -55,8 +55,8 @@ def test_triton_kernel(shape, gate):
 
 @pytest.mark.parametrize("shape, gate", CASES[2:4])
 def test_triton_kernel_one_head_a_program(shape, gate):
-    """At a GPU's tile (one head a program) as well as the interpreter's (every head of a
-    batch row in one program, H = 3 in a block of 4: a masked head)."""
+    """At a GPU's tile, one head a program (test_triton_kernel runs the interpreter's: every
+    head of a batch row in one program, here H = 3 in a block of 4, one head masked)."""
     from k3c.kernels.common.triton import gpu_tiles
     from k3c.kernels.kda_decode.triton import kda_decode_step
     from k3c.kernels.kda_decode.triton.step import heads_per_program

@@ -13,7 +13,7 @@ command and its children) and the median of each variant:
   folder, its k3c imported from there with this environment's other packages (`python -S -m
   k3c.cli`, so the command's own exit, not the console entry point's, for that row).
 
-Each round first times a fixed Python loop (0.5 s on a quiet 2-core Zen 4): the host's speed
+Each round first times a fixed Python loop (0.21 s on a quiet 2-core Zen 4): the host's speed
 in that minute, to read the rows beside.
 """
 

@@ -22,17 +22,23 @@ HEAD = """graph cached {
   dim B in [1, inf]
   dim T in [1, inf]
 """
-GRAPHS = {
-    "absorbed": (HEAD + f"""  input %q: f32[B, T, {H}, {DN + DR}]
-  input %ckv: f32[B, {N}, {DC}]
-  input %krope: f32[B, {N}, {DR}]
+
+
+def absorbed(n: int) -> str:
+    return HEAD + f"""  input %q: f32[B, T, {H}, {DN + DR}]
+  input %ckv: f32[B, {n}, {DC}]
+  input %krope: f32[B, {n}, {DR}]
   input %pos: i64[B]
   weight %wuk: f32[{H}, {DN}, {DC}]
   weight %wuv: f32[{H}, {DV}, {DC}]
   %o: f32[B, T, {H}, {DV}] = mla_attention_absorbed_cached(%q, %ckv, %krope, %wuk, %wuv, %pos) {{scale=0.17}}
   output o = %o
 }}
-""", "latent_split_blocked"),
+"""
+
+
+GRAPHS = {
+    "absorbed": (absorbed(N), "latent_split_blocked"),
     "expanded": (HEAD + f"""  input %q: f32[B, T, {H}, {DN + DR}]
   input %ckv: f32[B, {N}, {DC}]
   input %krope: f32[B, {N}, {DR}]
@@ -53,24 +59,38 @@ GRAPHS = {
 }
 
 
-@pytest.fixture(scope="module", params=list(GRAPHS))
-def built(request, tmp_path_factory):
-    text, kernel = GRAPHS[request.param]
+def build(text: str, kernel: str, name: str, out):
     g = k3c.ir.parse(text)
     gen = torch.Generator().manual_seed(3)
-    for name in g.weights:
-        g.weights[name] = 0.3 * torch.randn(tuple(int(d) for d in g.types[name].shape), generator=gen)
-    out = tmp_path_factory.mktemp(f"tvm-cached-{request.param}")
+    for w in g.weights:
+        g.weights[w] = 0.3 * torch.randn(tuple(int(d) for d in g.types[w].shape), generator=gen)
     be = TvmBackend(target="llvm")
     be.lower({"forward": g}, out)
     shown = be.show({"forward": g})
-    assert kernel in shown and "softmax" not in shown, f"{request.param}: lowered by its kernel, not decomposed"
+    assert kernel in shown and "softmax" not in shown, f"{name}: lowered by its kernel, not decomposed"
     return g, be.load(out)
+
+
+@pytest.fixture(scope="module", params=list(GRAPHS))
+def built(request, tmp_path_factory):
+    return build(*GRAPHS[request.param], request.param, tmp_path_factory.mktemp(f"tvm-cached-{request.param}"))
 
 
 @pytest.mark.parametrize("T, positions", [(1, [0, 31, 32, 149]), (3, [0, 64, 100, 147]), (40, [0, 5, 110, 33])],
                          ids=["decode", "three-tokens", "a-piece"])
 def test_cached_attention_matches_interpreter(built, T, positions):
+    check(built, T, positions, N)
+
+
+def test_latent_splits_of_more_blocks_than_splits(tmp_path):
+    """A cache of more key blocks than the kernel has splits (1100 rows: 35 blocks of 32 over
+    16 splits), so that a long sequence's splits take two or three blocks each and its last a
+    partial block: positions at a block's edge (63, 64), mid-block and the last row."""
+    n = 1100
+    check(build(absorbed(n), "latent_split_blocked", "absorbed", tmp_path), 1, [63, 64, 700, n - 1], n)
+
+
+def check(built, T, positions, N):
     g, runner = built
     B = len(positions)
     gen = torch.Generator().manual_seed(T)

@@ -32,6 +32,8 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.script import tirx as T
 
+from . import scratch
+
 PANEL = 16  # columns per panel: two AVX2 vectors
 WIDE_PANEL = 32  # two AVX-512 vectors
 GEMV_SPLIT = 4  # accumulator sets of a BF16 GEMV: 4 x 2 vectors in flight
@@ -80,9 +82,9 @@ def _tiled(P, K: int, N: int, c: int, rows: int, wdtype: str):
 
     @T.macro
     def tiled(x, w, y, M):
-        tiles = (M + R_ - T.int64(1)) // R_
+        tiles: T.let = (M + R_ - T.int64(1)) // R_
         for t in T.parallel(P * tiles):
-            acc = T.decl_buffer((R_, cc), "float32", scope="local")
+            acc = T.decl_buffer((R_, cc), "float32", scope=scratch("llvm"))
             for i in T.unroll(R_):
                 for j in T.vectorized(cc):
                     acc[i, j] = T.float32(0)
@@ -124,7 +126,7 @@ def _gemv(K: int, N: int, c: int, wdtype: str) -> tirx.PrimFunc:
         y = T.match_buffer(y_h, (M, Nc), "float32")
         if M == T.int64(1):
             for t in T.parallel(P):
-                acc = T.decl_buffer((S, cc), "float32", scope="local")
+                acc = T.decl_buffer((S, cc), "float32", scope=scratch("llvm"))
                 for s in T.unroll(S):
                     for j in T.vectorized(cc):
                         acc[s, j] = T.float32(0)

@@ -30,6 +30,8 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.script import tirx as T
 
+from . import scratch
+
 LANES = 16  # float32 lanes of a 512-bit vector
 PANEL = 32  # columns per panel: two vectors
 ROWS = 8  # rows per tile: 8 x 2 accumulators
@@ -137,9 +139,9 @@ def dot_linear(K: int, N: int, rows: int = ROWS, c: int = PANEL, dot: str = "nat
         w = T.match_buffer(w_h, (P, K2, cc), "uint32")
         y = T.match_buffer(y_h, (M, Nc), "float32")
         with T.attr(0, "pragma_import_llvm", ll):
-            tiles = (M + R_ - T.int64(1)) // R_
+            tiles: T.let = (M + R_ - T.int64(1)) // R_
             for t in T.parallel(P * tiles):
-                acc = T.decl_buffer((R_, cc), "float32", scope="local")
+                acc = T.decl_buffer((R_, cc), "float32", scope=scratch("llvm"))
                 for i in T.unroll(R_):
                     for j in T.vectorized(cc):
                         acc[i, j] = T.float32(0)

@@ -19,7 +19,7 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.script import tirx as T
 
-from ...common.tvm import inner_loop
+from ...common.tvm import inner_loop, scratch
 from ...delta.tvm.recurrent import schedule_cuda, schedule_llvm
 from ..naive import GATES
 
@@ -49,6 +49,7 @@ def kda_decode_step(H: int, K: int, V: int, W: int, scale: float, gate: str, low
     silu, sig_gate = activation == "silu", gate == "sigmoid"
     scale, lb, qk_eps, eps = float(scale), float(lower_bound), float(qk_eps), float(eps)
     cols = inner_loop(target) if target == "llvm" else T.serial
+    local = scratch(target)  # the scope of the per-head buffers
 
     @T.prim_func(s_tir=True)
     def kernel(qx_h: T.handle, kx_h: T.handle, vx_h: T.handle, q_w: T.Buffer((H * K, W), "float32"),
@@ -84,41 +85,42 @@ def kda_decode_step(H: int, K: int, V: int, W: int, scale: float, gate: str, low
                         s0[vb, vh, 0:K, 0:V], og[vb, 0, vh, 0:V], nw[0:V])
                 T.writes(o[vb, 0, vh, 0:V], s1[vb, vh, 0:K, 0:V], qc1[vb, vh * K:vh * K + K, 0:P],
                          kc1[vb, vh * K:vh * K + K, 0:P], vc1[vb, vh * V:vh * V + V, 0:P])
-                qv = T.alloc_buffer((K,), "float32", scope="local")
-                kv = T.alloc_buffer((K,), "float32", scope="local")
-                dv = T.alloc_buffer((K,), "float32", scope="local")  # exp(g): the decay of each key row
-                vv = T.alloc_buffer((V,), "float32", scope="local")
-                Pd = T.alloc_buffer((K, V), "float32", scope="local")  # the decayed state
-                u = T.alloc_buffer((V,), "float32", scope="local")
-                r = T.alloc_buffer((V,), "float32", scope="local")
-                wv = T.alloc_buffer((V,), "float32", scope="local")
-                acc = T.alloc_buffer((4,), "float32", scope="local")  # |q|^2, |k|^2, q . k, |o|^2
+                qv = T.alloc_buffer((K,), "float32", scope=local)
+                kv = T.alloc_buffer((K,), "float32", scope=local)
+                dv = T.alloc_buffer((K,), "float32", scope=local)  # exp(g): the decay of each key row
+                vv = T.alloc_buffer((V,), "float32", scope=local)
+                Pd = T.alloc_buffer((K, V), "float32", scope=local)  # the decayed state
+                u = T.alloc_buffer((V,), "float32", scope=local)
+                r = T.alloc_buffer((V,), "float32", scope=local)
+                wv = T.alloc_buffer((V,), "float32", scope=local)
+                acc = T.alloc_buffer((4,), "float32", scope=local)  # |q|^2, |k|^2, q . k, |o|^2
+                cc = T.alloc_buffer((3,), "float32", scope=local)  # a channel's conv: q, k, v
                 # the short convs of this head's channels and their new tails
                 for i in range(K):
-                    cq = q_w[vh * K + i, P] * qx[vb, 0, vh * K + i]
-                    ck = k_w[vh * K + i, P] * kx[vb, 0, vh * K + i]
+                    cc[0] = q_w[vh * K + i, P] * qx[vb, 0, vh * K + i]
+                    cc[1] = k_w[vh * K + i, P] * kx[vb, 0, vh * K + i]
                     for j in range(P):
-                        cq = cq + q_w[vh * K + i, j] * qc[vb, vh * K + i, j]
-                        ck = ck + k_w[vh * K + i, j] * kc[vb, vh * K + i, j]
+                        cc[0] = cc[0] + q_w[vh * K + i, j] * qc[vb, vh * K + i, j]
+                        cc[1] = cc[1] + k_w[vh * K + i, j] * kc[vb, vh * K + i, j]
                     if silu:
-                        qv[i] = cq * T.sigmoid(cq)
-                        kv[i] = ck * T.sigmoid(ck)
+                        qv[i] = cc[0] * T.sigmoid(cc[0])
+                        kv[i] = cc[1] * T.sigmoid(cc[1])
                     else:
-                        qv[i] = cq
-                        kv[i] = ck
+                        qv[i] = cc[0]
+                        kv[i] = cc[1]
                     for j in range(P - 1):
                         qc1[vb, vh * K + i, j] = qc[vb, vh * K + i, j + 1]
                         kc1[vb, vh * K + i, j] = kc[vb, vh * K + i, j + 1]
                     qc1[vb, vh * K + i, P - 1] = qx[vb, 0, vh * K + i]
                     kc1[vb, vh * K + i, P - 1] = kx[vb, 0, vh * K + i]
                 for c in range(V):
-                    cv = v_w[vh * V + c, P] * vx[vb, 0, vh * V + c]
+                    cc[2] = v_w[vh * V + c, P] * vx[vb, 0, vh * V + c]
                     for j in range(P):
-                        cv = cv + v_w[vh * V + c, j] * vc[vb, vh * V + c, j]
+                        cc[2] = cc[2] + v_w[vh * V + c, j] * vc[vb, vh * V + c, j]
                     if silu:
-                        vv[c] = cv * T.sigmoid(cv)
+                        vv[c] = cc[2] * T.sigmoid(cc[2])
                     else:
-                        vv[c] = cv
+                        vv[c] = cc[2]
                     for j in range(P - 1):
                         vc1[vb, vh * V + c, j] = vc[vb, vh * V + c, j + 1]
                     vc1[vb, vh * V + c, P - 1] = vx[vb, 0, vh * V + c]

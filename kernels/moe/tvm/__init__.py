@@ -11,7 +11,8 @@ never write the same output. The weights come packed in panels of F = `panel(out
 features, so that the reduction loop reads each panel contiguously; the backend's reshape
 and `permute_dims` that pack them are lifted into the one-time parameter transform. The
 feature loops run as vectors (llvm) or threads (cuda); the schedules run the experts in
-parallel (llvm) or one per thread block (cuda). A tile holds `rows` routed rows: 6 x 16
+parallel (llvm: each expert's panels cut in `parts`, so the threads' shares are equal) or one
+per thread block (cuda). A tile holds `rows` routed rows: 6 x 16
 accumulators fill AVX2's registers in prefill, one row suits a decode step.
 
 `weights` says how the kernels hold the experts: "float32" panels as above, or "mxfp4": the
@@ -28,10 +29,11 @@ from __future__ import annotations
 from tvm import s_tir, tirx
 from tvm.script import tirx as T
 
-from ...common.tvm import inner_loop
+from ...common.tvm import inner_loop, scratch
 from . import mxfp4 as mx
 
 FORMATS = ("float32", "mxfp4")
+PARTS = 2  # llvm: tasks an expert's output panels are cut into (`parts`)
 
 
 def _tile(n: int, full: int) -> int:
@@ -45,6 +47,15 @@ def _tile(n: int, full: int) -> int:
 def panel(n: int) -> int:
     """Output features per weight panel: the largest power of two up to 16 that divides n."""
     return _tile(n, 16)
+
+
+def parts(target: str) -> int:
+    """Tasks an expert's output panels are cut into: the kernels run (part, expert) tasks, part
+    outermost, so that a CPU's threads, each taking a contiguous run of tasks, take equal shares
+    of every expert's panels whichever experts the tokens reach. One task an expert left the
+    threads of a decode step unequal: of its 4 routed experts, 3 or all 4 fall in one thread's
+    half of the 32 in 3 routings of 5. A GPU takes an expert a block."""
+    return PARTS if target == "llvm" else 1
 
 
 def weight_panels(fmt: str, E: int, n_out: int, n_in: int) -> tuple[tuple[int, ...], str]:
@@ -63,6 +74,7 @@ def moe_gate_up(E: int, D: int, I2: int, k: int, target: str = "llvm", rows: int
     compute, F = panel(I2). `lut`: MXFP4 decoded by table (an x86 target with AVX2, mxfp4.py)."""
     F = panel(I2)
     cols = inner_loop(target)
+    local = scratch(target)  # the scope of the small per-task buffers
     wshape, wdtype = weight_panels(weights, E, I2, D)
     mxfp4 = weights == "mxfp4"
     by_table = bool(mxfp4 and lut and target == "llvm" and F in mx.LUT_LANES)
@@ -70,6 +82,7 @@ def moe_gate_up(E: int, D: int, I2: int, k: int, target: str = "llvm", rows: int
     NG, CB = D // mx.G, mx.CODE_BYTES
     buffered = mxfp4 and target == "llvm"  # a decoded panel in memory: a CPU's cache
     decode_panel = mx.panel_decoder(NG, F, by_table, cols)
+    S, P = parts(target), I2 // F
 
     @T.macro
     def in_registers(w, h, tok, ve, fo, acc, sc, lo, hi, cd):  # each panel row decoded once for a tile
@@ -95,34 +108,35 @@ def moe_gate_up(E: int, D: int, I2: int, k: int, target: str = "llvm", rows: int
         h = T.match_buffer(h_h, (N, D), "float32")
         idx = T.match_buffer(idx_h, (N, k), "int64")
         gu = T.match_buffer(gu_h, (N, k, I2), "float32")
-        pairs = T.alloc_buffer((E, N * k), "int64")  # per expert: the (token, slot) pairs routed to it
-        for e in range(E):
+        pairs = T.alloc_buffer((S * E, N * k), "int64")  # per task: the (token, slot) pairs routed to its expert
+        wb = T.alloc_buffer((S * E, D if buffered else 1, F), "float32")  # per task: a decoded panel
+        for t in range(S * E):
             with T.sblock("expert"):
-                ve = T.axis.spatial(E, e)
-                T.reads(h[0:N, 0:D], w[ve, 0:I2 // F, 0:D, 0:F] if not mxfp4 else w[ve, 0:I2 // F, 0:NG, 0:mx.ROW, 0:F],
+                vt = T.axis.spatial(S * E, t)
+                T.reads(h[0:N, 0:D], w[vt % E, 0:P, 0:D, 0:F] if not mxfp4 else w[vt % E, 0:P, 0:NG, 0:mx.ROW, 0:F],
                         idx[0:N, 0:k])
-                T.writes(gu[0:N, 0:k, 0:I2], pairs[ve, 0:N * k])
-                cnt = T.alloc_buffer((1,), "int64", scope="local")
-                acc = T.alloc_buffer((rows, F), "float32", scope="local")
-                tok = T.alloc_buffer((rows,), "int64", scope="local")
-                sc = T.alloc_buffer((F,), "float32", scope="local")
-                lo = T.alloc_buffer((F,), "float32", scope="local")
-                hi = T.alloc_buffer((F,), "float32", scope="local")
-                cd = T.alloc_buffer((F,), "int32", scope="local")
-                wb = T.alloc_buffer((D if buffered else 1, F), "float32", scope="global" if buffered else "local")
+                T.writes(gu[0:N, 0:k, 0:I2], pairs[vt, 0:N * k], wb[vt, 0:D if buffered else 1, 0:F])
+                cnt = T.alloc_buffer((1,), "int64", scope=local)
+                acc = T.alloc_buffer((rows, F), "float32", scope=local)
+                tok = T.alloc_buffer((rows,), "int64", scope=local)
+                sc = T.alloc_buffer((F,), "float32", scope=local)
+                lo = T.alloc_buffer((F,), "float32", scope=local)
+                hi = T.alloc_buffer((F,), "float32", scope=local)
+                cd = T.alloc_buffer((F,), "int32", scope=local)
+                ve: T.let = vt % E
                 cnt[0] = T.int64(0)
                 for p in range(N * k):
                     if idx[p // k, p % k] == T.Cast("int64", ve):
-                        pairs[ve, cnt[0]] = p
+                        pairs[vt, cnt[0]] = p
                         cnt[0] = cnt[0] + 1
                 if mxfp4:
-                    for fo in range(I2 // F):
+                    for fo in range(vt // E * P // S, (vt // E + 1) * P // S):
                         if buffered:
                             if cnt[0] >= 2:  # two rows or more: decode the panel once for all of them
-                                decode_panel(w, ve, fo, wb, sc, lo, hi, cd)
+                                decode_panel(w, ve, fo, wb, vt, sc, lo, hi, cd)
                         for tile in range((cnt[0] + rows - 1) // rows):
                             for r in T.unroll(rows):
-                                tok[r] = pairs[ve, T.min(tile * rows + r, cnt[0] - 1)] // k
+                                tok[r] = pairs[vt, T.min(tile * rows + r, cnt[0] - 1)] // k
                             for r in T.unroll(rows):
                                 for f in cols(F):
                                     acc[r, f] = T.float32(0)
@@ -131,7 +145,7 @@ def moe_gate_up(E: int, D: int, I2: int, k: int, target: str = "llvm", rows: int
                                     for d in range(D):
                                         for r in T.unroll(rows):
                                             for f in cols(F):
-                                                acc[r, f] = acc[r, f] + h[tok[r], d] * wb[d, f]
+                                                acc[r, f] = acc[r, f] + h[tok[r], d] * wb[vt, d, f]
                                 else:
                                     in_registers(w, h, tok, ve, fo, acc, sc, lo, hi, cd)
                             else:
@@ -139,13 +153,13 @@ def moe_gate_up(E: int, D: int, I2: int, k: int, target: str = "llvm", rows: int
                             for r in T.unroll(rows):
                                 if tile * rows + r < cnt[0]:
                                     for f in cols(F):
-                                        gu[pairs[ve, tile * rows + r] // k, pairs[ve, tile * rows + r] % k,
+                                        gu[pairs[vt, tile * rows + r] // k, pairs[vt, tile * rows + r] % k,
                                            fo * F + f] = acc[r, f]
                 else:
                     for tile in range((cnt[0] + rows - 1) // rows):
                         for r in T.unroll(rows):
-                            tok[r] = pairs[ve, T.min(tile * rows + r, cnt[0] - 1)] // k
-                        for fo in range(I2 // F):
+                            tok[r] = pairs[vt, T.min(tile * rows + r, cnt[0] - 1)] // k
+                        for fo in range(vt // E * P // S, (vt // E + 1) * P // S):
                             for r in T.unroll(rows):
                                 for f in cols(F):
                                     acc[r, f] = T.float32(0)
@@ -156,7 +170,7 @@ def moe_gate_up(E: int, D: int, I2: int, k: int, target: str = "llvm", rows: int
                             for r in T.unroll(rows):
                                 if tile * rows + r < cnt[0]:
                                     for f in cols(F):
-                                        gu[pairs[ve, tile * rows + r] // k, pairs[ve, tile * rows + r] % k,
+                                        gu[pairs[vt, tile * rows + r] // k, pairs[vt, tile * rows + r] % k,
                                            fo * F + f] = acc[r, f]
 
     return kernel
@@ -168,6 +182,7 @@ def moe_down(E: int, I: int, Dout: int, k: int, target: str = "llvm", rows: int 
     float32 compute, F = panel(Dout). `lut` as for moe_gate_up."""
     F = panel(Dout)
     cols = inner_loop(target)
+    local = scratch(target)  # the scope of the small per-task buffers
     wshape, wdtype = weight_panels(weights, E, Dout, I)
     mxfp4 = weights == "mxfp4"
     by_table = bool(mxfp4 and lut and target == "llvm" and F in mx.LUT_LANES)
@@ -175,6 +190,7 @@ def moe_down(E: int, I: int, Dout: int, k: int, target: str = "llvm", rows: int 
     NG, CB = I // mx.G, mx.CODE_BYTES
     buffered = mxfp4 and target == "llvm"  # a decoded panel in memory: a CPU's cache
     decode_panel = mx.panel_decoder(NG, F, by_table, cols)
+    S, P = parts(target), Dout // F
 
     @T.macro
     def in_registers(w2, a, pr, ve, fo, acc, sc, lo, hi, cd):  # each panel row decoded once for a tile
@@ -202,34 +218,35 @@ def moe_down(E: int, I: int, Dout: int, k: int, target: str = "llvm", rows: int 
         cw = T.match_buffer(cw_h, (N, k), "float32")
         y = T.match_buffer(y_h, (N, Dout), "float32")
         ys = T.alloc_buffer((N, k, Dout), "float32")  # each (token, slot)'s weighted expert output
-        pairs = T.alloc_buffer((E, N * k), "int64")  # per expert: the (token, slot) pairs routed to it
-        for e in range(E):
+        pairs = T.alloc_buffer((S * E, N * k), "int64")  # per task: the (token, slot) pairs routed to its expert
+        wb = T.alloc_buffer((S * E, I if buffered else 1, F), "float32")  # per task: a decoded panel
+        for t in range(S * E):
             with T.sblock("expert"):
-                ve = T.axis.spatial(E, e)
-                T.reads(a[0:N, 0:k, 0:I], w2[ve, 0:Dout // F, 0:I, 0:F] if not mxfp4
-                        else w2[ve, 0:Dout // F, 0:NG, 0:mx.ROW, 0:F], idx[0:N, 0:k], cw[0:N, 0:k])
-                T.writes(ys[0:N, 0:k, 0:Dout], pairs[ve, 0:N * k])
-                cnt = T.alloc_buffer((1,), "int64", scope="local")
-                acc = T.alloc_buffer((rows, F), "float32", scope="local")
-                pr = T.alloc_buffer((rows,), "int64", scope="local")
-                sc = T.alloc_buffer((F,), "float32", scope="local")
-                lo = T.alloc_buffer((F,), "float32", scope="local")
-                hi = T.alloc_buffer((F,), "float32", scope="local")
-                cd = T.alloc_buffer((F,), "int32", scope="local")
-                wb = T.alloc_buffer((I if buffered else 1, F), "float32", scope="global" if buffered else "local")
+                vt = T.axis.spatial(S * E, t)
+                T.reads(a[0:N, 0:k, 0:I], w2[vt % E, 0:P, 0:I, 0:F] if not mxfp4
+                        else w2[vt % E, 0:P, 0:NG, 0:mx.ROW, 0:F], idx[0:N, 0:k], cw[0:N, 0:k])
+                T.writes(ys[0:N, 0:k, 0:Dout], pairs[vt, 0:N * k], wb[vt, 0:I if buffered else 1, 0:F])
+                cnt = T.alloc_buffer((1,), "int64", scope=local)
+                acc = T.alloc_buffer((rows, F), "float32", scope=local)
+                pr = T.alloc_buffer((rows,), "int64", scope=local)
+                sc = T.alloc_buffer((F,), "float32", scope=local)
+                lo = T.alloc_buffer((F,), "float32", scope=local)
+                hi = T.alloc_buffer((F,), "float32", scope=local)
+                cd = T.alloc_buffer((F,), "int32", scope=local)
+                ve: T.let = vt % E
                 cnt[0] = T.int64(0)
                 for p in range(N * k):
                     if idx[p // k, p % k] == T.Cast("int64", ve):
-                        pairs[ve, cnt[0]] = p
+                        pairs[vt, cnt[0]] = p
                         cnt[0] = cnt[0] + 1
                 if mxfp4:
-                    for fo in range(Dout // F):
+                    for fo in range(vt // E * P // S, (vt // E + 1) * P // S):
                         if buffered:
                             if cnt[0] >= 2:  # two rows or more: decode the panel once for all of them
-                                decode_panel(w2, ve, fo, wb, sc, lo, hi, cd)
+                                decode_panel(w2, ve, fo, wb, vt, sc, lo, hi, cd)
                         for tile in range((cnt[0] + rows - 1) // rows):
                             for r in T.unroll(rows):
-                                pr[r] = pairs[ve, T.min(tile * rows + r, cnt[0] - 1)]
+                                pr[r] = pairs[vt, T.min(tile * rows + r, cnt[0] - 1)]
                             for r in T.unroll(rows):
                                 for f in cols(F):
                                     acc[r, f] = T.float32(0)
@@ -238,7 +255,7 @@ def moe_down(E: int, I: int, Dout: int, k: int, target: str = "llvm", rows: int 
                                     for i in range(I):
                                         for r in T.unroll(rows):
                                             for f in cols(F):
-                                                acc[r, f] = acc[r, f] + a[pr[r] // k, pr[r] % k, i] * wb[i, f]
+                                                acc[r, f] = acc[r, f] + a[pr[r] // k, pr[r] % k, i] * wb[vt, i, f]
                                 else:
                                     in_registers(w2, a, pr, ve, fo, acc, sc, lo, hi, cd)
                             else:
@@ -246,14 +263,14 @@ def moe_down(E: int, I: int, Dout: int, k: int, target: str = "llvm", rows: int 
                             for r in T.unroll(rows):
                                 if tile * rows + r < cnt[0]:
                                     for f in cols(F):
-                                        ys[pairs[ve, tile * rows + r] // k, pairs[ve, tile * rows + r] % k,
-                                           fo * F + f] = acc[r, f] * cw[pairs[ve, tile * rows + r] // k,
-                                                                        pairs[ve, tile * rows + r] % k]
+                                        ys[pairs[vt, tile * rows + r] // k, pairs[vt, tile * rows + r] % k,
+                                           fo * F + f] = acc[r, f] * cw[pairs[vt, tile * rows + r] // k,
+                                                                        pairs[vt, tile * rows + r] % k]
                 else:
                     for tile in range((cnt[0] + rows - 1) // rows):
                         for r in T.unroll(rows):
-                            pr[r] = pairs[ve, T.min(tile * rows + r, cnt[0] - 1)]
-                        for fo in range(Dout // F):
+                            pr[r] = pairs[vt, T.min(tile * rows + r, cnt[0] - 1)]
+                        for fo in range(vt // E * P // S, (vt // E + 1) * P // S):
                             for r in T.unroll(rows):
                                 for f in cols(F):
                                     acc[r, f] = T.float32(0)
@@ -264,15 +281,15 @@ def moe_down(E: int, I: int, Dout: int, k: int, target: str = "llvm", rows: int 
                             for r in T.unroll(rows):
                                 if tile * rows + r < cnt[0]:
                                     for f in cols(F):
-                                        ys[pairs[ve, tile * rows + r] // k, pairs[ve, tile * rows + r] % k,
-                                           fo * F + f] = acc[r, f] * cw[pairs[ve, tile * rows + r] // k,
-                                                                        pairs[ve, tile * rows + r] % k]
+                                        ys[pairs[vt, tile * rows + r] // k, pairs[vt, tile * rows + r] % k,
+                                           fo * F + f] = acc[r, f] * cw[pairs[vt, tile * rows + r] // k,
+                                                                        pairs[vt, tile * rows + r] % k]
         for n, d in T.grid(N, Dout):
             with T.sblock("combine"):
                 vn, vd = T.axis.remap("SS", [n, d])
                 T.reads(ys[vn, 0:k, vd])
                 T.writes(y[vn, vd])
-                total = T.alloc_buffer((1,), "float32", scope="local")
+                total = T.alloc_buffer((1,), "float32", scope=local)
                 total[0] = ys[vn, 0, vd]
                 for j in range(1, k):
                     total[0] = total[0] + ys[vn, j, vd]

@@ -197,7 +197,7 @@ def _attn_res_mix(ctx: LowerContext, node, V, w, n):
     shape = ctx.type_of(ctx.ir(node)["V"]).shape
     N, d = static_int(shape[0], "AttnRes candidate count"), static_int(shape[-1], "AttnRes width")
     eps = ctx.attrs(node)["eps"]
-    gv = ctx.kernel(("attn_res_mix", N, d, eps), lambda: attn_res_mix(N, d, eps), RES_SCHEDULES)
+    gv = ctx.kernel(("attn_res_mix", N, d, eps), lambda: attn_res_mix(N, d, eps, ctx.target), RES_SCHEDULES)
     rows = _rows(ctx, node.outputs[0])
     V3 = ctx.bb.emit(R.reshape(V, relax.ShapeExpr([N, rows, d])))
     (y,) = ctx.call_tir(gv, [V3, w, n], [relax.TensorType([rows, d], "float32")])

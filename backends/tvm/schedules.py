@@ -82,7 +82,7 @@ class CpuMatmul:
         mo, mi = sch.split(m, factors=[None, rows])
         no, ni = sch.split(n, factors=[None, cols])
         sch.reorder(*batch, no, mo, k, mi, ni)
-        acc = sch.cache_write(main, 0, "local")
+        acc = sch.cache_write(main, 0, "global")  # a stack array, not a workspace allocation (common/tvm.scratch)
         sch.reverse_compute_at(acc, mo, preserve_unit_loops=True)
         outer = sch.fuse(*batch, no, mo)
         sch.parallel(outer)

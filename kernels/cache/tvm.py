@@ -20,7 +20,7 @@ from __future__ import annotations
 from tvm import s_tir, tirx
 from tvm.script import tirx as T
 
-from ..common.tvm import inner_loop
+from ..common.tvm import inner_loop, scratch
 
 SPLITS = 16  # key ranges per (b, t): parallel work for a decode step, merged after
 NEG = -3.0e38  # the running max before any key: exp(NEG - m) = 0
@@ -70,8 +70,8 @@ def latent_split(H: int, Dc: int, Dr: int, N: int, scale: float, target: str = "
                 vb, vt, vs = T.axis.remap("SSS", [b, t, sp])
                 T.reads(q[vb, vt, 0:H, 0:Dc + Dr], ckv[vb, 0:N, 0:Dc], krope[vb, 0:N, 0:Dr], pos[vb])
                 T.writes(acc_o[vb, vt, vs, 0:H, 0:Dc], st_o[vb, vt, vs, 0:H, 0:2])
-                acc = T.alloc_buffer((H, Dc), "float32", scope="local")
-                st = T.alloc_buffer((H, 4), "float32", scope="local")  # max, sum, score, rescale
+                acc = T.alloc_buffer((H, Dc), "float32", scope=scratch(target))
+                st = T.alloc_buffer((H, 4), "float32", scope=scratch(target))  # max, sum, score, rescale
                 for h in range(H):
                     st[h, 0] = T.float32(NEG)
                     st[h, 1] = T.float32(0)
@@ -133,8 +133,8 @@ def latent_merge(H: int, Dc: int, target: str = "llvm", S: int = SPLITS) -> tirx
                 vb, vt, vh = T.axis.remap("SSS", [b, t, h])
                 T.reads(acc[vb, vt, 0:S, vh, 0:Dc], st[vb, vt, 0:S, vh, 0:2])
                 T.writes(o[vb, vt, vh, 0:Dc])
-                m = T.alloc_buffer((3,), "float32", scope="local")  # max, sum, split weight
-                out = T.alloc_buffer((Dc,), "float32", scope="local")
+                m = T.alloc_buffer((3,), "float32", scope=scratch(target))  # max, sum, split weight
+                out = T.alloc_buffer((Dc,), "float32", scope=scratch(target))
                 m[0] = T.float32(NEG)
                 m[1] = T.float32(0)
                 for j in cols(Dc):

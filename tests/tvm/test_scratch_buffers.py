@@ -15,6 +15,9 @@ import tvm
 from tvm import s_tir
 
 from k3c.backends.tvm.target import make_target
+from k3c.kernels.attn_res.tvm import SCHEDULES as RES_SCHEDULES
+from k3c.kernels.attn_res.tvm import attn_res_mix
+from k3c.kernels.cache.tvm import MERGE_SCHEDULES, latent_merge
 from k3c.kernels.cache.tvm_blocked import latent_split_blocked
 from k3c.kernels.common.tvm.gemm import packed_linear
 from k3c.kernels.common.tvm.gemm_bf16 import dot_linear
@@ -37,6 +40,8 @@ KERNELS = {
     "gemv bf16": lambda: packed_linear(64, 40, 1, 32, "bfloat16"),
     "gemm bf16 dot": lambda: dot_linear(64, 40, 4, 32),
     "latent split": lambda: latent_split_blocked(4, 32, 8, 0.3, 16),
+    "latent merge": lambda: _scheduled(latent_merge(4, 32), MERGE_SCHEDULES),
+    "attn_res mix": lambda: _scheduled(attn_res_mix(3, 16, 1e-6), RES_SCHEDULES),
     "moe gate_up mxfp4": lambda: _scheduled(moe_gate_up(4, 64, 32, 2, "llvm", 1, weights="mxfp4", lut=True),
                                             MOE_SCHEDULES),
     "moe down mxfp4": lambda: _scheduled(moe_down(4, 32, 64, 2, "llvm", 1, weights="mxfp4", lut=True),

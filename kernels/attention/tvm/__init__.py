@@ -20,7 +20,7 @@ from __future__ import annotations
 from tvm import s_tir, tirx
 from tvm.script import tirx as T
 
-from ...common.tvm import exp_vec, inner_loop
+from ...common.tvm import exp_vec, inner_loop, scratch
 
 KEY_BLOCK = 32  # keys per block; the transposed keys come padded by this many
 ROWS = 4  # query rows per block on llvm: each key and value loaded serves this many
@@ -52,10 +52,10 @@ def causal_attention(H: int, G: int, D: int, Dv: int, scale: float, target: str 
     @T.macro
     def rows(q, kT, v, o, vb, vh, vtile, off, L, S):
         """Row tile `vtile` of head `vh` of sequence `vb`; row t sees keys <= off + t."""
-        acc = T.alloc_buffer((R, Dv), "float32", scope="local")
-        sc = T.alloc_buffer((R, KB), "float32", scope="local")  # the block's scores, then weights
+        acc = T.alloc_buffer((R, Dv), "float32", scope=scratch(target))
+        sc = T.alloc_buffer((R, KB), "float32", scope=scratch(target))  # the block's scores, then weights
         # per row: running max, running sum, block max, rescale of the old terms
-        st = T.alloc_buffer((R, 4), "float32", scope="local")
+        st = T.alloc_buffer((R, 4), "float32", scope=scratch(target))
         for r in T.unroll(R):
             st[r, 0] = T.float32(NEG)
             st[r, 1] = T.float32(0)

@@ -13,10 +13,13 @@ from __future__ import annotations
 from tvm import s_tir, tirx
 from tvm.script import tirx as T
 
+from ...common.tvm import scratch
 
-def attn_res_mix(N: int, d: int, eps: float) -> tirx.PrimFunc:
+
+def attn_res_mix(N: int, d: int, eps: float, target: str = "llvm") -> tirx.PrimFunc:
     """V [N, M, d], w [d], nw [d] -> y [M, d]; float32."""
     eps = float(eps)
+    local = scratch(target)  # the scope of a row's buffers
 
     @T.prim_func(s_tir=True)
     def kernel(V_h: T.handle, w: T.Buffer((d,), "float32"), nw: T.Buffer((d,), "float32"), y_h: T.handle):
@@ -29,8 +32,8 @@ def attn_res_mix(N: int, d: int, eps: float) -> tirx.PrimFunc:
                 vm = T.axis.spatial(M, m)
                 T.reads(V[0:N, vm, 0:d], w[0:d], nw[0:d])
                 T.writes(y[vm, 0:d])
-                score = T.alloc_buffer((N,), "float32", scope="local")
-                acc = T.alloc_buffer((3,), "float32", scope="local")  # sum of squares, dot, max
+                score = T.alloc_buffer((N,), "float32", scope=local)
+                acc = T.alloc_buffer((3,), "float32", scope=local)  # sum of squares, dot, max
                 for n in range(N):
                     acc[0] = T.float32(0)
                     acc[1] = T.float32(0)

@@ -27,7 +27,7 @@ from __future__ import annotations
 from tvm import s_tir, tirx
 from tvm.script import tirx as T
 
-from ...common.tvm import inner_loop
+from ...common.tvm import inner_loop, scratch
 from .common import _check, _decay_between, _decay_of
 from .scores import PIVOT_ROWS, chunk_scores, chunk_scores_channel  # noqa: F401  (part of this module's API)
 
@@ -60,7 +60,7 @@ def chunk_gates(H: int, K: int, C: int, gate: str, target: str = "llvm") -> tirx
                 T.reads(q[vb, 0:L, vh, 0:K], k[vb, 0:L, vh, 0:K], g[vb, 0:L, vh, 0:KD])
                 T.writes(qd[vb, vh, vn, 0:C, 0:K], kd[vb, vh, vn, 0:C, 0:K], kw[vb, vh, vn, 0:C, 0:K],
                          G[vb, vh, vn, 0:C, 0:KD], dl[vb, vh, vn, 0:KD])
-                run = T.alloc_buffer((KD,), "float64", scope="local")
+                run = T.alloc_buffer((KD,), "float64", scope=scratch(target))
                 for d in range(KD):
                     run[d] = T.float64(0)
                 for c in range(C):
@@ -156,7 +156,7 @@ def chunk_state_scan(H: int, K: int, V: int, C: int, KD: int, target: str = "llv
                 T.reads(w[vb, vh, 0:NC, 0:C, 0:K], u[vb, vh, 0:NC, 0:C, 0:V], kd[vb, vh, 0:NC, 0:C, 0:K],
                         dl[vb, vh, 0:NC, 0:KD], s0[vb, vh, 0:K, 0:V])
                 T.writes(vn[vb, vh, 0:NC, 0:C, 0:V], st[vb, vh, 0:NC, 0:K, 0:V], s1[vb, vh, 0:K, 0:V])
-                S = T.alloc_buffer((K, V), "float32", scope="local")
+                S = T.alloc_buffer((K, V), "float32", scope=scratch(target))
                 for i in range(K):
                     for j in cols(V):
                         S[i, j] = s0[vb, vh, i, j]
@@ -204,7 +204,7 @@ def chunk_output(H: int, K: int, V: int, C: int, scale: float, target: str = "ll
                 T.reads(qd[vb, vh, vnc, 0:C, 0:K], aqk[vb, vh, vnc, 0:C, 0:C], vn[vb, vh, vnc, 0:C, 0:V],
                         st[vb, vh, vnc, 0:K, 0:V])
                 T.writes(o[vb, vnc * C: vnc * C + C, vh, 0:V])
-                acc = T.alloc_buffer((V,), "float32", scope="local")
+                acc = T.alloc_buffer((V,), "float32", scope=scratch(target))
                 for c in range(C):
                     if vnc * C + c < L:
                         for j in cols(V):

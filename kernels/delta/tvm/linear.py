@@ -12,7 +12,7 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.script import tirx as T
 
-from ...common.tvm import inner_loop
+from ...common.tvm import inner_loop, scratch
 from .recurrent import SCHEDULES  # noqa: F401  (same (batch, head) blocks)
 
 
@@ -41,10 +41,10 @@ def linear_recurrent(H: int, K: int, V: int, scale: float, target: str = "llvm")
                 T.reads(q[vb, 0:L, vh, 0:K], k[vb, 0:L, vh, 0:K], v[vb, 0:L, vh, 0:V], s0[vb, vh, 0:K, 0:V],
                         z0[vb, vh, 0:K])
                 T.writes(o[vb, 0:L, vh, 0:V], s1[vb, vh, 0:K, 0:V], z1[vb, vh, 0:K])
-                S = T.alloc_buffer((K, V), "float32", scope="local")
-                z = T.alloc_buffer((K,), "float32", scope="local")
-                num = T.alloc_buffer((V,), "float32", scope="local")
-                den = T.alloc_buffer((1,), "float32", scope="local")
+                S = T.alloc_buffer((K, V), "float32", scope=scratch(target))
+                z = T.alloc_buffer((K,), "float32", scope=scratch(target))
+                num = T.alloc_buffer((V,), "float32", scope=scratch(target))
+                den = T.alloc_buffer((1,), "float32", scope=scratch(target))
                 for i in range(K):
                     z[i] = z0[vb, vh, i]
                     for j in cols(V):

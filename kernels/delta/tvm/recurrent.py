@@ -23,7 +23,7 @@ from __future__ import annotations
 from tvm import s_tir, tirx
 from tvm.script import tirx as T
 
-from ...common.tvm import inner_loop
+from ...common.tvm import inner_loop, scratch
 from .. import GATES as FAMILY_GATES
 
 GATES = tuple(g for g in FAMILY_GATES if g != "linear")  # linear attention: linear.py
@@ -62,13 +62,13 @@ def delta_recurrent(H: int, K: int, V: int, gate: str, scale: float, target: str
                 # P holds d_t * S_{t-1}: the state decayed for step t, still without step t-1's
                 # rank-1 write k_{t-1} w_{t-1}^T (kept in kp, wp and added in the next pass, which
                 # so sees S_{t-1} whole and reads step t-1's output from it)
-                P = T.alloc_buffer((K, V), "float32", scope="local")
-                kp = T.alloc_buffer((K,), "float32", scope="local")
-                qp = T.alloc_buffer((K,), "float32", scope="local")
-                wp = T.alloc_buffer((V,), "float32", scope="local")
-                u = T.alloc_buffer((V,), "float32", scope="local")  # k_t^T P
-                r = T.alloc_buffer((V,), "float32", scope="local")  # q_{t-1}^T S_{t-1}
-                full = T.alloc_buffer((V,), "float32", scope="local")
+                P = T.alloc_buffer((K, V), "float32", scope=scratch(target))
+                kp = T.alloc_buffer((K,), "float32", scope=scratch(target))
+                qp = T.alloc_buffer((K,), "float32", scope=scratch(target))
+                wp = T.alloc_buffer((V,), "float32", scope=scratch(target))
+                u = T.alloc_buffer((V,), "float32", scope=scratch(target))  # k_t^T P
+                r = T.alloc_buffer((V,), "float32", scope=scratch(target))  # q_{t-1}^T S_{t-1}
+                full = T.alloc_buffer((V,), "float32", scope=scratch(target))
                 for i in range(K):
                     kp[i] = T.float32(0)
                     qp[i] = T.float32(0)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.script import tirx as T
 
-from ...common.tvm import inner_loop
+from ...common.tvm import inner_loop, scratch
 from .common import _check, _decay_between
 
 
@@ -23,7 +23,7 @@ def chunk_scores(H: int, K: int, C: int, gate: str, target: str = "llvm") -> tir
     head = gate == "head"
     delta = gate != "linear"
     cols = inner_loop(target)
-    shared = "shared" if target == "cuda" else "local"  # the chunk's keys are read across columns
+    shared = "shared" if target == "cuda" else scratch(target)  # the chunk's keys are read across columns
 
     @T.prim_func(s_tir=True)
     def kernel(q_h: T.handle, k_h: T.handle, beta_h: T.handle, G_h: T.handle, Lm_h: T.handle, aqk_h: T.handle):
@@ -44,9 +44,9 @@ def chunk_scores(H: int, K: int, C: int, gate: str, target: str = "llvm") -> tir
                 # contiguous; zero-padded past L
                 kT = T.alloc_buffer((K, C), "float32", scope=shared)
                 GT = T.alloc_buffer((KD, C), "float64", scope=shared)
-                kk = T.alloc_buffer((C,), "float32", scope="local")
-                qk = T.alloc_buffer((C,), "float32", scope="local")
-                e = T.alloc_buffer((C,), "float32", scope="local")
+                kk = T.alloc_buffer((C,), "float32", scope=scratch(target))
+                qk = T.alloc_buffer((C,), "float32", scope=scratch(target))
+                e = T.alloc_buffer((C,), "float32", scope=scratch(target))
                 for d in range(K):
                     for c in cols(C):
                         kT[d, c] = T.if_then_else(vn * C + c < L, k[vb, T.min(vn * C + c, L - 1), vh, d], T.float32(0))
@@ -104,7 +104,8 @@ def chunk_scores_channel(H: int, K: int, C: int, target: str = "llvm", S: int = 
         raise ValueError(f"chunk size {C} is not a multiple of the sub-block {S}")
     NS = C // S
     cols = inner_loop(target)
-    shared = "shared" if target == "cuda" else "local"
+    shared = "shared" if target == "cuda" else scratch(target)
+    local = scratch(target)
 
     @T.prim_func(s_tir=True)
     def kernel(q_h: T.handle, k_h: T.handle, beta_h: T.handle, G_h: T.handle, Lm_h: T.handle, aqk_h: T.handle):
@@ -125,11 +126,11 @@ def chunk_scores_channel(H: int, K: int, C: int, target: str = "llvm", S: int = 
                 GT = T.alloc_buffer((K, C), "float64", scope=shared)  # cumulative gates, transposed
                 qT = T.alloc_buffer((K, C), "float32", scope=shared)  # queries, transposed, zero past L
                 bT = T.alloc_buffer((K, C), "float32", scope=shared)  # k_j exp(G_p - G_j), j < p
-                kk = T.alloc_buffer((C,), "float32", scope="local")
-                qk = T.alloc_buffer((C,), "float32", scope="local")
-                e = T.alloc_buffer((S,), "float32", scope="local")
-                rk = T.alloc_buffer((K,), "float32", scope="local")  # a row's key and query, decayed to the pivot
-                rq = T.alloc_buffer((K,), "float32", scope="local")
+                kk = T.alloc_buffer((C,), "float32", scope=local)
+                qk = T.alloc_buffer((C,), "float32", scope=local)
+                e = T.alloc_buffer((S,), "float32", scope=local)
+                rk = T.alloc_buffer((K,), "float32", scope=local)  # a row's key and query, decayed to the pivot
+                rq = T.alloc_buffer((K,), "float32", scope=local)
                 for d in range(K):
                     for c in cols(C):
                         kT[d, c] = T.if_then_else(vn * C + c < L, k[vb, T.min(vn * C + c, L - 1), vh, d], T.float32(0))

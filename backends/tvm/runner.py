@@ -158,8 +158,10 @@ class TvmRunner:
         if self._vm is None:
             self._start()
         args = [self._to_tvm(x) for x in inputs]
-        outs = self._vm[entry](*args, *self._params)
-        return [torch.from_dlpack(o).cpu() if self.target == "llvm" else torch.from_numpy(o.numpy()) for o in outs]
+        outs = self._vm[entry](*args, *self._params)[:]  # a list in one call; the Array iterates item by item
+        if self.target == "llvm":
+            return [torch.from_dlpack(o) for o in outs]  # the VM's CPU tensors, shared
+        return [torch.from_numpy(o.numpy()) for o in outs]
 
 
 def _read(manifest: dict, path) -> tuple[str, dict[str, Entry]]:

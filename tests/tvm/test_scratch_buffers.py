@@ -1,10 +1,11 @@
-"""The hand-written CPU kernels of a decode step keep their small scratch buffers and scalars on
-the stack. TVM 0.27 allocates a "local" buffer, and a scalar assigned in TVMScript without
-`T.let`, from the runtime's workspace pool at every entry of its scope: a call into the runtime
-and back, and a pointer LLVM cannot keep in registers (a k3-small decode step made 12,000 such
-calls, 725 with the kernels as they are). What a kernel may still take from the pool is a
-buffer of 1 KB or more, which TVM never puts on the stack. Read from the LLVM IR that the
-build emits: each call through `__TVMBackendAllocWorkspace` and the bytes it asks for."""
+"""The hand-written CPU kernels (those of a decode step, and the prefill's attention and delta
+rule pieces) keep their small scratch buffers and scalars on the stack. TVM 0.27 allocates a
+"local" buffer, and a scalar assigned in TVMScript without `T.let`, from the runtime's
+workspace pool at every entry of its scope: a call into the runtime and back, and a pointer
+LLVM cannot keep in registers (a k3-small decode step made 12,478 such calls, 614 with the
+kernels as they are). What a kernel may still take from the pool is a buffer of 1 KB or more,
+which TVM never puts on the stack. Read from the LLVM IR that the build emits: each call
+through `__TVMBackendAllocWorkspace` and the bytes it asks for."""
 
 from __future__ import annotations
 
@@ -15,12 +16,15 @@ import tvm
 from tvm import s_tir
 
 from k3c.backends.tvm.target import make_target
+from k3c.kernels.attention.tvm import SCHEDULES as ATTENTION_SCHEDULES
+from k3c.kernels.attention.tvm import causal_attention
 from k3c.kernels.attn_res.tvm import SCHEDULES as RES_SCHEDULES
 from k3c.kernels.attn_res.tvm import attn_res_mix
 from k3c.kernels.cache.tvm import MERGE_SCHEDULES, latent_merge
 from k3c.kernels.cache.tvm_blocked import latent_split_blocked
 from k3c.kernels.common.tvm.gemm import packed_linear
 from k3c.kernels.common.tvm.gemm_bf16 import dot_linear
+from k3c.kernels.delta.tvm import chunk, recurrent, scores
 from k3c.kernels.kda_decode.tvm import SCHEDULES as KDA_SCHEDULES
 from k3c.kernels.kda_decode.tvm import kda_decode_step
 from k3c.kernels.moe.tvm import SCHEDULES as MOE_SCHEDULES
@@ -47,6 +51,12 @@ KERNELS = {
     "moe down mxfp4": lambda: _scheduled(moe_down(4, 32, 64, 2, "llvm", 1, weights="mxfp4", lut=True),
                                          MOE_SCHEDULES),
     "moe gate_up f32": lambda: _scheduled(moe_gate_up(4, 64, 32, 2, "llvm", 6), MOE_SCHEDULES),
+    "causal attention": lambda: _scheduled(causal_attention(4, 2, 16, 16, 0.25), ATTENTION_SCHEDULES),
+    "delta recurrent": lambda: _scheduled(recurrent.delta_recurrent(2, 16, 16, "channel", 0.25), recurrent.SCHEDULES),
+    "chunk solve": lambda: _scheduled(chunk.chunk_solve(2, 16, 16, 16, "channel"), chunk.SCHEDULES),
+    "chunk state scan": lambda: _scheduled(chunk.chunk_state_scan(2, 16, 16, 16, 16), chunk.SCHEDULES),
+    "chunk output": lambda: _scheduled(chunk.chunk_output(2, 16, 16, 16, 0.25), chunk.SCHEDULES),
+    "chunk scores": lambda: _scheduled(scores.chunk_scores_channel(2, 16, 16), chunk.SCHEDULES),
     "kda decode step": lambda: _scheduled(kda_decode_step(2, 16, 16, 4, 0.25, "sigmoid", -5.0, "silu", 1e-6, 1e-5),
                                           KDA_SCHEDULES),
 }

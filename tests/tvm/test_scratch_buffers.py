@@ -2,7 +2,7 @@
 rule pieces) keep their small scratch buffers and scalars on the stack. TVM 0.27 allocates a
 "local" buffer, and a scalar assigned in TVMScript without `T.let`, from the runtime's
 workspace pool at every entry of its scope: a call into the runtime and back, and a pointer
-LLVM cannot keep in registers (a k3-small decode step made 12,478 such calls, 614 with the
+LLVM cannot keep in registers (a k3-small decode step made 13,102 such calls, 645 with the
 kernels as they are). What a kernel may still take from the pool is a buffer of 1 KB or more,
 which TVM never puts on the stack. Read from the LLVM IR that the build emits: each call
 through `__TVMBackendAllocWorkspace` and the bytes it asks for."""

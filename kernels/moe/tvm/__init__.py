@@ -109,13 +109,12 @@ def moe_gate_up(E: int, D: int, I2: int, k: int, target: str = "llvm", rows: int
         idx = T.match_buffer(idx_h, (N, k), "int64")
         gu = T.match_buffer(gu_h, (N, k, I2), "float32")
         pairs = T.alloc_buffer((S * E, N * k), "int64")  # per task: the (token, slot) pairs routed to its expert
-        wb = T.alloc_buffer((S * E, D if buffered else 1, F), "float32")  # per task: a decoded panel
         for t in range(S * E):
             with T.sblock("expert"):
                 vt = T.axis.spatial(S * E, t)
                 T.reads(h[0:N, 0:D], w[vt % E, 0:P, 0:D, 0:F] if not mxfp4 else w[vt % E, 0:P, 0:NG, 0:mx.ROW, 0:F],
                         idx[0:N, 0:k])
-                T.writes(gu[0:N, 0:k, 0:I2], pairs[vt, 0:N * k], wb[vt, 0:D if buffered else 1, 0:F])
+                T.writes(gu[0:N, 0:k, 0:I2], pairs[vt, 0:N * k])
                 cnt = T.alloc_buffer((1,), "int64", scope=local)
                 acc = T.alloc_buffer((rows, F), "float32", scope=local)
                 tok = T.alloc_buffer((rows,), "int64", scope=local)
@@ -123,6 +122,7 @@ def moe_gate_up(E: int, D: int, I2: int, k: int, target: str = "llvm", rows: int
                 lo = T.alloc_buffer((F,), "float32", scope=local)
                 hi = T.alloc_buffer((F,), "float32", scope=local)
                 cd = T.alloc_buffer((F,), "int32", scope=local)
+                wb = T.alloc_buffer((D if buffered else 1, F), "float32", scope=local)  # a decoded panel
                 ve: T.let = vt % E
                 cnt[0] = T.int64(0)
                 for p in range(N * k):
@@ -133,7 +133,7 @@ def moe_gate_up(E: int, D: int, I2: int, k: int, target: str = "llvm", rows: int
                     for fo in range(vt // E * P // S, (vt // E + 1) * P // S):
                         if buffered:
                             if cnt[0] >= 2:  # two rows or more: decode the panel once for all of them
-                                decode_panel(w, ve, fo, wb, vt, sc, lo, hi, cd)
+                                decode_panel(w, ve, fo, wb, sc, lo, hi, cd)
                         for tile in range((cnt[0] + rows - 1) // rows):
                             for r in T.unroll(rows):
                                 tok[r] = pairs[vt, T.min(tile * rows + r, cnt[0] - 1)] // k
@@ -145,7 +145,7 @@ def moe_gate_up(E: int, D: int, I2: int, k: int, target: str = "llvm", rows: int
                                     for d in range(D):
                                         for r in T.unroll(rows):
                                             for f in cols(F):
-                                                acc[r, f] = acc[r, f] + h[tok[r], d] * wb[vt, d, f]
+                                                acc[r, f] = acc[r, f] + h[tok[r], d] * wb[d, f]
                                 else:
                                     in_registers(w, h, tok, ve, fo, acc, sc, lo, hi, cd)
                             else:
@@ -219,13 +219,12 @@ def moe_down(E: int, I: int, Dout: int, k: int, target: str = "llvm", rows: int 
         y = T.match_buffer(y_h, (N, Dout), "float32")
         ys = T.alloc_buffer((N, k, Dout), "float32")  # each (token, slot)'s weighted expert output
         pairs = T.alloc_buffer((S * E, N * k), "int64")  # per task: the (token, slot) pairs routed to its expert
-        wb = T.alloc_buffer((S * E, I if buffered else 1, F), "float32")  # per task: a decoded panel
         for t in range(S * E):
             with T.sblock("expert"):
                 vt = T.axis.spatial(S * E, t)
                 T.reads(a[0:N, 0:k, 0:I], w2[vt % E, 0:P, 0:I, 0:F] if not mxfp4
                         else w2[vt % E, 0:P, 0:NG, 0:mx.ROW, 0:F], idx[0:N, 0:k], cw[0:N, 0:k])
-                T.writes(ys[0:N, 0:k, 0:Dout], pairs[vt, 0:N * k], wb[vt, 0:I if buffered else 1, 0:F])
+                T.writes(ys[0:N, 0:k, 0:Dout], pairs[vt, 0:N * k])
                 cnt = T.alloc_buffer((1,), "int64", scope=local)
                 acc = T.alloc_buffer((rows, F), "float32", scope=local)
                 pr = T.alloc_buffer((rows,), "int64", scope=local)
@@ -233,6 +232,7 @@ def moe_down(E: int, I: int, Dout: int, k: int, target: str = "llvm", rows: int 
                 lo = T.alloc_buffer((F,), "float32", scope=local)
                 hi = T.alloc_buffer((F,), "float32", scope=local)
                 cd = T.alloc_buffer((F,), "int32", scope=local)
+                wb = T.alloc_buffer((I if buffered else 1, F), "float32", scope=local)  # a decoded panel
                 ve: T.let = vt % E
                 cnt[0] = T.int64(0)
                 for p in range(N * k):
@@ -243,7 +243,7 @@ def moe_down(E: int, I: int, Dout: int, k: int, target: str = "llvm", rows: int 
                     for fo in range(vt // E * P // S, (vt // E + 1) * P // S):
                         if buffered:
                             if cnt[0] >= 2:  # two rows or more: decode the panel once for all of them
-                                decode_panel(w2, ve, fo, wb, vt, sc, lo, hi, cd)
+                                decode_panel(w2, ve, fo, wb, sc, lo, hi, cd)
                         for tile in range((cnt[0] + rows - 1) // rows):
                             for r in T.unroll(rows):
                                 pr[r] = pairs[vt, T.min(tile * rows + r, cnt[0] - 1)]
@@ -255,7 +255,7 @@ def moe_down(E: int, I: int, Dout: int, k: int, target: str = "llvm", rows: int 
                                     for i in range(I):
                                         for r in T.unroll(rows):
                                             for f in cols(F):
-                                                acc[r, f] = acc[r, f] + a[pr[r] // k, pr[r] % k, i] * wb[vt, i, f]
+                                                acc[r, f] = acc[r, f] + a[pr[r] // k, pr[r] % k, i] * wb[i, f]
                                 else:
                                     in_registers(w2, a, pr, ve, fo, acc, sc, lo, hi, cd)
                             else:

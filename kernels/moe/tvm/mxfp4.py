@@ -102,7 +102,7 @@ def lut_row(F: int):
 
 
 def panel_decoder(NG: int, F: int, by_table: bool, cols):
-    """The decode of one expert's panel fo, all NG groups, into wb[slot] [NG * 32, F] float32: what a
+    """The decode of one expert's panel fo, all NG groups, into wb [NG * 32, F] float32: what a
     kernel reads when an expert holds two routed rows or more, so each weight is decoded once
     for all of them (once per tile of rows, the arithmetic cost of the decode bound a prefill;
     once per row, a decode step's experts routed to twice). The same values as the in-register
@@ -110,7 +110,7 @@ def panel_decoder(NG: int, F: int, by_table: bool, cols):
     table_row = lut_row(F) if by_table else None
 
     @T.macro
-    def decode_panel(w, ve, fo, wb, slot, sc, lo, hi, cd):
+    def decode_panel(w, ve, fo, wb, sc, lo, hi, cd):
         for g in range(NG):
             for f in cols(F):
                 sc[f] = e8m0(T.Cast("int32", w[ve, fo, g, CODE_BYTES, f]))
@@ -122,7 +122,7 @@ def panel_decoder(NG: int, F: int, by_table: bool, cols):
                         lo[f] = e2m1(low(w[ve, fo, g, j, f])) * sc[f]
                         hi[f] = e2m1(high(w[ve, fo, g, j, f])) * sc[f]
                 for f in cols(F):
-                    wb[slot, g * G + 2 * j, f] = lo[f]
-                    wb[slot, g * G + 2 * j + 1, f] = hi[f]
+                    wb[g * G + 2 * j, f] = lo[f]
+                    wb[g * G + 2 * j + 1, f] = hi[f]
 
     return decode_panel

@@ -14,11 +14,12 @@ test: nothing is asserted.
 from __future__ import annotations
 
 import argparse
-import time
 
 import numpy as np
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
+
+from k3c.bench import best_of
 
 
 def chain(dtype, np_dtype, layers: int, n: int, threads: int, rng) -> tuple[float, int]:
@@ -32,14 +33,7 @@ def chain(dtype, np_dtype, layers: int, n: int, threads: int, rng) -> tuple[floa
     so.intra_op_num_threads = threads
     sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
     x = rng.standard_normal((1, n)).astype(np_dtype)
-    for _ in range(5):
-        sess.run(None, {"x": x})
-    best = float("inf")
-    for _ in range(30):
-        t0 = time.perf_counter()
-        sess.run(None, {"x": x})
-        best = min(best, time.perf_counter() - t0)
-    return best, layers * n * n * np.dtype(np_dtype).itemsize
+    return best_of(lambda: sess.run(None, {"x": x}), 30, warmup=5), layers * n * n * np.dtype(np_dtype).itemsize
 
 
 def main() -> None:

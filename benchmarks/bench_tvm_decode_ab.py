@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 import torch
+from bench_main_job import ROOT, base_tree  # this folder's: run as a script
 
 from k3c.backends.tvm.runner import TvmRunner
 
@@ -47,8 +48,6 @@ RELEASE = ["--backend", "tvm", "--dtype", "bf16", "--experts", "mxfp4", "--force
 
 def build_both(rev: str, model: str, tmp: Path) -> list[Path]:
     """The release artifact of `model` built by REV's k3c and by this tree's, in `tmp`."""
-    from bench_main_job import ROOT, base_tree
-
     _, path = base_tree(rev, tmp)
     packages = os.pathsep.join([str(path), *(p for p in sys.path if p.endswith("site-packages"))])
     outs = [tmp / rev.replace("/", "_"), tmp / "this-tree"]
@@ -80,7 +79,6 @@ def main() -> None:
                 args.artifacts = build_both(args.git_base, args.model, Path(tmp)) + args.artifacts
                 run(args)
             finally:
-                from bench_main_job import ROOT
                 subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(Path(tmp) / "tree")],
                                capture_output=True)
     else:

@@ -65,17 +65,18 @@ def test_bf16_widening_is_exact(rows):
     assert torch.equal(_gemm(torch.eye(13), w, rows, PANEL), w.float().T)
 
 
+@pytest.mark.parametrize("c, prefill_rows", [(PANEL, 6), (WIDE_PANEL, 8)], ids=str)
 @pytest.mark.parametrize("M", [1, 8, 13])
-def test_float32_decode_and_prefill_forms_agree_bit_for_bit(M):
+def test_float32_decode_and_prefill_forms_agree_bit_for_bit(M, c, prefill_rows):
     """A float32 weight keeps one accumulator chain in k order in every loop form (one row, the
-    decode step's tiles of 4, the prefill tile of 6), so an fp32 model's result does not depend
-    on which form ran."""
+    decode step's tiles of 4 or 8 rows, the prefill tile of 6 or 8), so an fp32 model's result
+    does not depend on which form ran."""
     K, N = 37, 40
     gen = torch.Generator().manual_seed(M)
-    x, wp = torch.randn(M, K, generator=gen), torch.randn(-(-N // PANEL), K, PANEL, generator=gen)
+    x, wp = torch.randn(M, K, generator=gen), torch.randn(-(-N // c), K, c, generator=gen)
     outs = []
-    for rows in (1, 6):
-        lib = tvm.compile(packed_linear(K, N, rows, PANEL), target=make_target("llvm"))
+    for rows in (1, prefill_rows):
+        lib = tvm.compile(packed_linear(K, N, rows, c), target=make_target("llvm"))
         y = _tvm(torch.full((M, N), float("nan")))
         lib(_tvm(x), _tvm(wp), y)
         outs.append(torch.from_dlpack(y).clone())

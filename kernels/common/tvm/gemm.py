@@ -18,8 +18,9 @@ and are not written back; neither are the padding columns.
 A decode step (rows = 1) runs one of two loops, chosen by M at run time. One row (M = 1): a
 task per panel; for a BF16 weight the k loop is split over `GEMV_SPLIT` accumulator sets,
 summed at the end (with one set, two FMAs per k wait on the two before them). A batch
-(M > 1): tiles of `DECODE_ROWS` rows, so a panel row is read and widened once for four rows,
-not once a row (3 to 4 times faster at M = 8). Float32 weights keep one accumulator set, and
+(M > 1): tiles of `decode_rows(c)` rows, so a panel row is read and widened once for four
+rows (AVX2 panels) or eight (AVX-512), not once a row (4-row tiles ran 3 to 4 times faster
+than one row at M = 8; 8-row tiles on AVX-512 another 1.1x, bf16 weights). Float32 weights keep one accumulator set, and
 every output is then the same k-ordered chain of FMAs in every loop form: an fp32 model
 computes bit for bit what it did.
 
@@ -37,7 +38,7 @@ from . import scratch
 PANEL = 16  # columns per panel: two AVX2 vectors
 WIDE_PANEL = 32  # two AVX-512 vectors
 GEMV_SPLIT = 4  # accumulator sets of a BF16 GEMV: 4 x 2 vectors in flight
-DECODE_ROWS = 4  # rows a tile of a decode step's batch: 4 x 2 accumulators, each panel row read once
+DECODE_ROWS = {PANEL: 4, WIDE_PANEL: 8}  # rows a tile of a decode step's batch: 8 (4) x 2 accumulators
 WEIGHT_DTYPES = ("float32", "bfloat16")
 
 
@@ -45,6 +46,12 @@ def packed_rows(decode: bool, c: int = PANEL) -> int:
     """Rows per tile: 6 (8 for AVX-512 panels) for prefill GEMMs, 1 when M is the batch of a
     decode step (a GEMV)."""
     return 1 if decode else (8 if c == WIDE_PANEL else 6)
+
+
+def decode_rows(c: int) -> int:
+    """Rows a tile of a decode step's batch (M > 1) on panels of `c` columns: 2 x rows
+    accumulators, 8 of AVX2's 16 registers or 16 of AVX-512's 32."""
+    return DECODE_ROWS[c]
 
 
 def widen(value, dtype: str):
@@ -108,14 +115,14 @@ def _tiled(P, K: int, N: int, c: int, rows: int, wdtype: str):
 
 def _gemv(K: int, N: int, c: int, wdtype: str) -> tirx.PrimFunc:
     """packed_linear of a decode step: one row (M = 1) a task with the k loop over GEMV_SPLIT
-    accumulator sets; a batch (M > 1) in tiles of DECODE_ROWS rows, which share each panel
+    accumulator sets; a batch (M > 1) in tiles of decode_rows(c) rows, which share each panel
     row read (one row a task read the panel and widened it M times)."""
     split = GEMV_SPLIT if wdtype != "float32" and K >= GEMV_SPLIT else 1  # float32: k in order, as before
     P = T.int64((N + c - 1) // c)
     Kc, Nc, cc, S = T.int64(K), T.int64(N), T.int64(c), T.int64(split)
     Kmain = T.int64(K - K % split)
     ragged = N % c != 0
-    tiled = _tiled(P, K, N, c, DECODE_ROWS, wdtype)
+    tiled = _tiled(P, K, N, c, decode_rows(c), wdtype)
 
     @T.prim_func
     def kernel(x_h: T.handle, w_h: T.handle, y_h: T.handle):

@@ -109,11 +109,12 @@ def _tvm(t: torch.Tensor):
 def experts(repeat: int, gen: torch.Generator, E: int = 32, D: int = 512, I: int = 256, k: int = 4) -> None:
     """The MXFP4 gate/up and down kernels of a decode step (rows = 1 a tile, the backend's
     choice for a step) at B = 1 and 8, with their error against the naive decode and GEMMs:
-    the decode by arithmetic and by table (`lut`, what an AVX2 target takes), in turns."""
+    the decode by arithmetic and by table (`lut`: 8 entries on AVX2, 16 on AVX-512, where the
+    host has it), in turns."""
     import tvm
     from tvm import s_tir
 
-    from k3c.backends.tvm.target import make_target
+    from k3c.backends.tvm.target import make_target, target_has
     from k3c.kernels.moe.naive import moe_down, moe_gate_up
     from k3c.kernels.moe.tvm import SCHEDULES, panel
     from k3c.kernels.moe.tvm import moe_down as tvm_down
@@ -138,7 +139,8 @@ def experts(repeat: int, gen: torch.Generator, E: int = 32, D: int = 512, I: int
     w13, w2 = experts_of(2 * I, D), experts_of(D, I)
     p13, p2 = _tvm(panels(*w13)), _tvm(panels(*w2))
     kernels = {lut: (build(tvm_gate_up(E, D, 2 * I, k, "llvm", 1, "mxfp4", lut)),
-                     build(tvm_down(E, I, D, k, "llvm", 1, "mxfp4", lut))) for lut in (False, True)}
+                     build(tvm_down(E, I, D, k, "llvm", 1, "mxfp4", lut)))
+               for lut in (False, "avx2", *(["avx512"] if target_has("avx512f") else []))}
     print(f"MXFP4 experts (k3-small: E {E}, D {D}, I {I}, top-{k}), decode tiles of 1 row; GB/s of the")
     print("stored bytes (4.25 bits a weight) of the experts the step's tokens are routed to")
     print(f"{'kernel':>8} {'decode':>6} {'B':>3} {'experts':>8} {'us':>9} {'GB/s':>7} {'max err':>9}")
@@ -151,13 +153,13 @@ def experts(repeat: int, gen: torch.Generator, E: int = 32, D: int = 512, I: int
                  name, lib, args, shape, want, weights in (
                      ("gate_up", gate_up, [h, p13, idx], (B, k, 2 * I), moe_gate_up(h, decode(*w13), idx), 2 * I * D),
                      ("down", down, [a, p2, idx, cw], (B, D), moe_down(a, decode(*w2), idx, cw), D * I))]
-        for name, lut, lib, args, shape, want, weights in sorted(cases, key=lambda c: (c[0], c[1])):
+        for name, lut, lib, args, shape, want, weights in sorted(cases, key=lambda c: (c[0], c[1] or "")):
             args = [x if isinstance(x, tvm.runtime.Tensor) else _tvm(x) for x in args]
             out = _tvm(torch.zeros(shape))
             s = fastest(lambda lib=lib, args=args, out=out: lib(*args, out), repeat)
             err = (torch.from_dlpack(out) - want).abs().max().item()
             gbps = touched * weights * 17 / 32 / s / 1e9
-            form = "table" if lut else "arith"
+            form = lut or "arith"
             print(f"{name:>8} {form:>6} {B:>3} {touched:>8} {s * 1e6:>9.1f} {gbps:>7.1f} {err:>9.1e}")
 
 
@@ -191,7 +193,7 @@ def expert_prefill(N: int, repeat: int, gen: torch.Generator, E: int = 32, D: in
         codes = packed.reshape(E, n_out // F, F, groups, 16).permute(0, 1, 3, 4, 2)
         return torch.cat([codes, scale.reshape(E, n_out // F, F, groups, 1).permute(0, 1, 3, 4, 2)], 3).contiguous()
 
-    lut = target_has("avx2")
+    lut = "avx512" if target_has("avx512f") else "avx2" if target_has("avx2") else False  # the backend's choice
     w13 = (torch.randint(0, 256, (E, 2 * I, D // 2), dtype=torch.uint8, generator=gen),
            torch.randint(118, 130, (E, 2 * I, D // 32), dtype=torch.uint8, generator=gen))
     w2 = (torch.randint(0, 256, (E, D, I // 2), dtype=torch.uint8, generator=gen),
@@ -200,7 +202,7 @@ def expert_prefill(N: int, repeat: int, gen: torch.Generator, E: int = 32, D: in
     h, a, cw = torch.randn(N, D, generator=gen), torch.randn(N, k, I, generator=gen), torch.rand(N, k, generator=gen)
     want = {"gate_up": moe_gate_up(h, decode(*w13), idx), "down": moe_down(a, decode(*w2), idx, cw)}
     print(f"Routed experts of a {N}-token prefill (tiles of 6 rows), float32 panels against MXFP4 "
-          f"({'table' if lut else 'arithmetic'} decode), in turns")
+          f"({f'{lut} table' if lut else 'arithmetic'} decode), in turns")
     print(f"{'kernel':>8} {'weights':>8} {'ms':>9} {'GFLOP/s':>8} {'max err':>9}")
     libs = {(name, fmt): build(fn(E, *dims, k, "llvm", 6, fmt, lut and fmt == "mxfp4"))
             for fmt in ("float32", "mxfp4")

@@ -29,11 +29,15 @@ def _panels(ctx: LowerContext, packed, scale, E: int, n_out: int, n_in: int) -> 
     return ctx.bb.emit(R.concat([codes, scales], axis=3))
 
 
-def _by_table(ctx: LowerContext) -> bool:
-    """Whether the kernels decode MXFP4 by table (an llvm target with AVX2: kernels/moe/tvm/mxfp4.py)."""
+def _by_table(ctx: LowerContext) -> str | None:
+    """How the kernels decode MXFP4 on an llvm target (kernels/moe/tvm/mxfp4.py): by a 16-entry
+    table with AVX-512, by an 8-entry one with AVX2, else by arithmetic (None)."""
     from .target import target_has
 
-    return ctx.target == "llvm" and target_has("avx2", ctx.options.get("mcpu"))
+    if ctx.target != "llvm":
+        return None
+    mcpu = ctx.options.get("mcpu")
+    return "avx512" if target_has("avx512f", mcpu) else "avx2" if target_has("avx2", mcpu) else None
 
 
 def _gate_up(ctx, h, packed, scale, idx, E: int, D_: int, I2: int, k: int, N, rows: int) -> relax.Expr:

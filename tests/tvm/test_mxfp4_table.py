@@ -1,10 +1,12 @@
-"""The MXFP4 expert kernels' decode by table (kernels/moe/tvm/mxfp4.py `lut_row`: `vpermps` on
-an AVX2 target) against the naive decode and GEMMs, and bit for bit against the arithmetic
-decode, at awkward shapes (panels of 8 and 16 features, N = 1, 7, 64, tiles of 1 and 6 rows)
-with every code and the edge scale bytes (0: 2^-127, 254, 255: NaN); then the backend's choice
-of it from the target's features."""
+"""The MXFP4 expert kernels' decode by table (kernels/moe/tvm/mxfp4.py `lut_row`: `vpermps` of 8
+magnitudes on an AVX2 target, of 16 signed values on an AVX-512 one) against the naive decode
+and GEMMs, and bit for bit against the arithmetic decode, at awkward shapes (panels of 8 and
+16 features, N = 1, 7, 64, tiles of 1 and 6 rows) with every code and the edge scale bytes
+(0: 2^-127, 254, 255: NaN); then the backend's choice of it from the target's features."""
 
 from __future__ import annotations
+
+import re
 
 import pytest
 import torch
@@ -40,9 +42,12 @@ def _build(func):
     return run
 
 
+@pytest.mark.parametrize("isa", ["avx2", "avx512"])
 @pytest.mark.parametrize("rows", [1, 6])
 @pytest.mark.parametrize("F", [8, 16], ids=lambda f: f"panel{f}")
-def test_table_decode_against_the_naive_decode_and_the_arithmetic_one(F, rows):
+def test_table_decode_against_the_naive_decode_and_the_arithmetic_one(F, rows, isa):
+    if isa == "avx512" and "avx512f" not in host_features():
+        pytest.skip("the 16-entry table needs AVX-512 (vpermps on zmm)")
     E, D, k = 3, 64, 2
     I2, Dout, I = 2 * F, F, 32  # panel(I2) = panel(Dout) = F
     gen = torch.Generator().manual_seed(F * 10 + rows)
@@ -51,7 +56,7 @@ def test_table_decode_against_the_naive_decode_and_the_arithmetic_one(F, rows):
     p13[0, 0, :8] = torch.arange(0, 256, 34, dtype=torch.uint8)[:8]  # codes 0..15 in both nibbles
     s13[0, 0, 0], s13[1, 1, 1], s2[0, 0, 0], s2[2, 1, 0] = 0, 254, 255, 1
     w13, w2 = _mxfp4_panels(p13, s13), _mxfp4_panels(p2, s2)
-    forms = (False, True)  # lut
+    forms = (False, isa)  # lut: arithmetic, by table
     gate_up = {lut: _build(tvm_moe_gate_up(E, D, I2, k, "llvm", rows, weights="mxfp4", lut=lut)) for lut in forms}
     down = {lut: _build(tvm_moe_down(E, I, Dout, k, "llvm", rows, weights="mxfp4", lut=lut)) for lut in forms}
     for N in (1, 7, 64):
@@ -60,11 +65,11 @@ def test_table_decode_against_the_naive_decode_and_the_arithmetic_one(F, rows):
         cw = torch.rand(N, k, generator=gen)
         gu = {lut: run([h, w13, idx], (N, k, I2)) for lut, run in gate_up.items()}
         y = {lut: run([a, w2, idx, cw], (N, Dout)) for lut, run in down.items()}
-        assert _same_bits(gu[True], gu[False]) and _same_bits(y[True], y[False]), N
+        assert _same_bits(gu[isa], gu[False]) and _same_bits(y[isa], y[False]), N
         want_gu, want_y = moe_gate_up(h, decode(p13, s13), idx), moe_down(a, decode(p2, s2), idx, cw)
-        assert torch.equal(gu[True].isnan(), want_gu.isnan()) and torch.equal(y[True].isnan(), want_y.isnan()), N
-        assert_close(gu[True].nan_to_num(), want_gu.nan_to_num(), what=f"table gate_up F={F} N={N}")
-        assert_close(y[True].nan_to_num(), want_y.nan_to_num(), what=f"table down F={F} N={N}")
+        assert torch.equal(gu[isa].isnan(), want_gu.isnan()) and torch.equal(y[isa].isnan(), want_y.isnan()), N
+        assert_close(gu[isa].nan_to_num(), want_gu.nan_to_num(), what=f"{isa} table gate_up F={F} N={N}")
+        assert_close(y[isa].nan_to_num(), want_y.nan_to_num(), what=f"{isa} table down F={F} N={N}")
 
 
 GRAPH = """graph g {
@@ -79,11 +84,12 @@ GRAPH = """graph g {
 """
 
 
-def test_the_backend_decodes_by_table_only_for_a_target_with_avx2():
+def test_the_backend_decodes_by_table_only_for_a_target_with_avx2_and_by_16_lanes_with_avx512():
     import k3c
     from k3c.backends.tvm import TvmBackend
 
     g = k3c.ir.parse(GRAPH)
     g.weights.update(p=torch.zeros(4, 32, 32, dtype=torch.uint8), s=torch.full((4, 32, 2), 127, dtype=torch.uint8))
-    assert "k3c_e2m1_x16" in TvmBackend().show({"forward": g})
-    assert "k3c_e2m1_x16" not in TvmBackend(target="llvm -mcpu=x86-64").show({"forward": g})
+    tables = {cpu: set(re.findall(r"k3c_e2m1_\w+", TvmBackend(target=f"llvm -mcpu={cpu}").show({"forward": g})))
+              for cpu in ("x86-64", "haswell", "skylake-avx512")}
+    assert tables == {"x86-64": set(), "haswell": {"k3c_e2m1_x16"}, "skylake-avx512": {"k3c_e2m1_x16_avx512"}}

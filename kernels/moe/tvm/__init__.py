@@ -68,20 +68,29 @@ def weight_panels(fmt: str, E: int, n_out: int, n_in: int) -> tuple[tuple[int, .
     return (E, n_out // F, n_in, F), "float32"
 
 
+def table_form(lut: bool | str, mxfp4: bool, target: str, F: int) -> str | None:
+    """The MXFP4 table decode a kernel takes: None (arithmetic), "avx2" or "avx512"."""
+    if not (mxfp4 and lut and target == "llvm" and F in mx.LUT_LANES):
+        return None
+    return mx.lut_isa(F, "avx2" if lut is True else lut)
+
+
 def moe_gate_up(E: int, D: int, I2: int, k: int, target: str = "llvm", rows: int = 6,
-                weights: str = "float32", lut: bool = False) -> tirx.PrimFunc:
+                weights: str = "float32", lut: bool | str = False) -> tirx.PrimFunc:
     """h [N, D], w13 panels (`weight_panels`), idx [N, k] (int64) -> gu [N, k, I2]; float32
-    compute, F = panel(I2). `lut`: MXFP4 decoded by table (an x86 target with AVX2, mxfp4.py)."""
+    compute, F = panel(I2). `lut`: MXFP4 decoded by table on an x86 target, "avx2" (or True)
+    or "avx512" (mxfp4.py)."""
     F = panel(I2)
     cols = inner_loop(target)
     local = scratch(target)  # the scope of the small per-task buffers
     wshape, wdtype = weight_panels(weights, E, I2, D)
     mxfp4 = weights == "mxfp4"
-    by_table = bool(mxfp4 and lut and target == "llvm" and F in mx.LUT_LANES)
-    table_row = mx.lut_row(F) if by_table else None
+    form = table_form(lut, mxfp4, target, F)
+    by_table = form is not None  # a Python bool: the macros branch on it as they are parsed
+    table_row = mx.lut_row(F, form) if by_table else None
     NG, CB = D // mx.G, mx.CODE_BYTES
     buffered = mxfp4 and target == "llvm"  # a decoded panel in memory: a CPU's cache
-    decode_panel = mx.panel_decoder(NG, F, by_table, cols)
+    decode_panel = mx.panel_decoder(NG, F, form, cols)
     S, P = parts(target), I2 // F
 
     @T.macro
@@ -177,7 +186,7 @@ def moe_gate_up(E: int, D: int, I2: int, k: int, target: str = "llvm", rows: int
 
 
 def moe_down(E: int, I: int, Dout: int, k: int, target: str = "llvm", rows: int = 6,
-             weights: str = "float32", lut: bool = False) -> tirx.PrimFunc:
+             weights: str = "float32", lut: bool | str = False) -> tirx.PrimFunc:
     """a [N, k, I], w2 panels (`weight_panels`), idx [N, k] (int64), w [N, k] -> y [N, Dout];
     float32 compute, F = panel(Dout). `lut` as for moe_gate_up."""
     F = panel(Dout)
@@ -185,11 +194,12 @@ def moe_down(E: int, I: int, Dout: int, k: int, target: str = "llvm", rows: int 
     local = scratch(target)  # the scope of the small per-task buffers
     wshape, wdtype = weight_panels(weights, E, Dout, I)
     mxfp4 = weights == "mxfp4"
-    by_table = bool(mxfp4 and lut and target == "llvm" and F in mx.LUT_LANES)
-    table_row = mx.lut_row(F) if by_table else None
+    form = table_form(lut, mxfp4, target, F)
+    by_table = form is not None  # a Python bool: the macros branch on it as they are parsed
+    table_row = mx.lut_row(F, form) if by_table else None
     NG, CB = I // mx.G, mx.CODE_BYTES
     buffered = mxfp4 and target == "llvm"  # a decoded panel in memory: a CPU's cache
-    decode_panel = mx.panel_decoder(NG, F, by_table, cols)
+    decode_panel = mx.panel_decoder(NG, F, form, cols)
     S, P = parts(target), Dout // F
 
     @T.macro

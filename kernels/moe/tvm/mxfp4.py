@@ -9,7 +9,8 @@ So a weight costs what it costs on disk (4.25 bits), and the panel of F features
 contiguously, group by group. The backend builds the panels with reshapes, a permute and a
 concat, weight-only work that the build lifts into the one-time parameter transform.
 A weight is e2m1(code) * e8m0(scale), both built from bits (exact, as the definition is), or, on
-an x86 target with AVX2, the E2M1 value looked up in a vector table (`lut_row`): the same bits.
+an x86 target with AVX2 or AVX-512, the E2M1 value looked up in a vector table (`lut_row`): the
+same bits.
 """
 
 from __future__ import annotations
@@ -50,23 +51,47 @@ def high(byte):
     return T.shift_right(T.Cast("int32", byte), 4)
 
 
-# The decode by table on x86 with AVX2 (`lut=True` of the expert kernels, chosen from the
-# target's features when the module is lowered): `vpermps` picks each code's magnitude from the
-# 8 E2M1 magnitudes by its low 3 bits, and bit 3 becomes the sign bit: 4 or 5 vector
-# operations for 8 weights, where the arithmetic decode above takes 11 or 12. The same values
-# bit for bit (-0.0 for code 8 too). The table is a vector register, so it is an LLVM function
-# imported into the module (TVM's vector gather would not reach the instruction).
-LUT_LANES = (8, 16)  # panel widths the table decode takes (two AVX2 vectors at 16)
+# The decode by table on x86 (`lut` of the expert kernels, chosen from the target's features
+# when the module is lowered). With AVX2, `vpermps` picks each code's magnitude from the 8 E2M1
+# magnitudes by its low 3 bits, and bit 3 becomes the sign bit: 4 or 5 vector operations for 8
+# weights, where the arithmetic decode above takes 11 or 12. With AVX-512, one 16-lane `vpermps`
+# reads the whole signed value from a 16-entry table by the code's 4 bits (the bits above are
+# ignored, so the odd k's code needs only the shift): 2 operations for 16 weights. The same
+# values bit for bit either way (-0.0 for code 8 too). The table is a vector register, so it is
+# an LLVM function imported into the module (TVM's vector gather would not reach the instruction).
+LUT_LANES = (8, 16)  # panel widths the table decode takes (two AVX2 vectors, or one AVX-512 vector, at 16)
+LUT_ISAS = ("avx2", "avx512")
 LUT_FN = "k3c_e2m1_x{lanes}"
 _MAGNITUDES = "<8 x float> <float 0.0, float 0.5, float 1.0, float 1.5, float 2.0, float 3.0, float 4.0, float 6.0>"
+_SIGNED = ("<16 x float> <float 0.0, float 0.5, float 1.0, float 1.5, float 2.0, float 3.0, float 4.0, float 6.0, "
+           "float -0.0, float -0.5, float -1.0, float -1.5, float -2.0, float -3.0, float -4.0, float -6.0>")
 
 
-def lut_ll(lanes: int) -> str:
-    """LLVM IR of `k3c_e2m1_x{lanes}`: int32 lanes holding a code in bits 0-3 (bits 4 and up
+def lut_isa(lanes: int, isa: str) -> str:
+    """The table form a panel of `lanes` takes on `isa`: the 16-lane table needs 16 lanes."""
+    if isa not in LUT_ISAS:
+        raise ValueError(f"MXFP4 table decode: isa {isa!r}; known: {', '.join(LUT_ISAS)}")
+    return isa if lanes == 16 else "avx2"
+
+
+def lut_fn(lanes: int, isa: str = "avx2") -> str:
+    """The LLVM function's name: one per lane count and form, as both may meet in a module."""
+    return LUT_FN.format(lanes=lanes) + ("_avx512" if lut_isa(lanes, isa) == "avx512" else "")
+
+
+def lut_ll(lanes: int, isa: str = "avx2") -> str:
+    """LLVM IR of `lut_fn(lanes, isa)`: int32 lanes holding a code in bits 0-3 (bits 4 and up
     ignored) -> their E2M1 values as float32."""
+    fn = lut_fn(lanes, isa)
+    if lut_isa(lanes, isa) == "avx512":
+        return "\n".join([
+            "declare <16 x float> @llvm.x86.avx512.permvar.sf.512(<16 x float>, <16 x i32>)",
+            f"define linkonce_odr <16 x float> @{fn}(<16 x i32> %c) alwaysinline {{",
+            f"  %r = call <16 x float> @llvm.x86.avx512.permvar.sf.512({_SIGNED}, <16 x i32> %c)",
+            "  ret <16 x float> %r", "}"]) + "\n"
     halves = lanes // 8
     lines = ["declare <8 x float> @llvm.x86.avx2.permps(<8 x float>, <8 x i32>)",
-             f"define linkonce_odr <{lanes} x float> @{LUT_FN.format(lanes=lanes)}(<{lanes} x i32> %c) alwaysinline {{"]
+             f"define linkonce_odr <{lanes} x float> @{fn}(<{lanes} x i32> %c) alwaysinline {{"]
     for h in range(halves):
         idx = ", ".join(f"i32 {8 * h + i}" for i in range(8))
         lines.append(f"  %i{h} = shufflevector <{lanes} x i32> %c, <{lanes} x i32> poison, <8 x i32> <{idx}>")
@@ -84,10 +109,10 @@ def lut_ll(lanes: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def lut_row(F: int):
+def lut_row(F: int, isa: str = "avx2"):
     """The decode of one panel row by table: lo, hi [F] = the even and odd k's weights of row j
     of group g (codes of w[e, fo, g, j, :], widened into cd [F] int32) times the group's scales sc [F]."""
-    ll, fn = lut_ll(F), LUT_FN.format(lanes=F)
+    ll, fn = lut_ll(F, isa), lut_fn(F, isa)
 
     @T.macro
     def row(w, ve, fo, g, j, sc, lo, hi, cd):
@@ -101,13 +126,14 @@ def lut_row(F: int):
     return row
 
 
-def panel_decoder(NG: int, F: int, by_table: bool, cols):
+def panel_decoder(NG: int, F: int, form: str | None, cols):
     """The decode of one expert's panel fo, all NG groups, into wb [NG * 32, F] float32: what a
     kernel reads when an expert holds two routed rows or more, so each weight is decoded once
     for all of them (once per tile of rows, the arithmetic cost of the decode bound a prefill;
     once per row, a decode step's experts routed to twice). The same values as the in-register
     decode, so a row sums the same products in the same k order."""
-    table_row = lut_row(F) if by_table else None
+    by_table = form is not None  # a Python bool: the macro branches on it as it is parsed
+    table_row = lut_row(F, form) if by_table else None
 
     @T.macro
     def decode_panel(w, ve, fo, wb, sc, lo, hi, cd):

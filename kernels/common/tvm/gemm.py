@@ -20,9 +20,9 @@ task per panel; for a BF16 weight the k loop is split over `GEMV_SPLIT` accumula
 summed at the end (with one set, two FMAs per k wait on the two before them). A batch
 (M > 1): tiles of `decode_rows(c)` rows, so a panel row is read and widened once for four
 rows (AVX2 panels) or eight (AVX-512), not once a row (4-row tiles ran 3 to 4 times faster
-than one row at M = 8; 8-row tiles on AVX-512 another 1.1x, bf16 weights). Float32 weights keep one accumulator set, and
-every output is then the same k-ordered chain of FMAs in every loop form: an fp32 model
-computes bit for bit what it did.
+than one row at M = 8; 8-row tiles on AVX-512 another 1.1x, bf16 weights). Float32 weights
+keep one accumulator set, and every output is then the same k-ordered chain of FMAs in every
+loop form: an fp32 model computes bit for bit what it did.
 
 The loops are written out here (no `s_tir` schedule): a scheduled block with a row predicate
 made LLVM keep the accumulators in memory.

@@ -21,7 +21,9 @@ decodes them in registers, one panel row of F features at a time. On a CPU, an e
 rows or more decodes each panel once into a float32 buffer of in x F (32 KB at in = 512: the
 task's cache) that all its row tiles read; decoding per tile of 6 rows bound the prefill
 (k3-small's experts took 1.5 to 2.2 times the time). No float expert is ever held whole. The
-rest of a kernel is the same for both formats, and so are the bits of every output.
+rest of a kernel is the same for both formats, and so are the bits of every output, but for
+a decode step's kernel on a CPU (one row a tile), whose MXFP4 form sums each output over
+`chains` accumulators (k mod 4) where the float32 form keeps one chain in k order.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from . import mxfp4 as mx
 
 FORMATS = ("float32", "mxfp4")
 PARTS = 2  # llvm: tasks an expert's output panels are cut into (`parts`)
+CHAINS = 4  # llvm, MXFP4, one-row tiles: accumulator chains an output is summed over (`chains`)
 
 
 def _tile(n: int, full: int) -> int:
@@ -47,6 +50,33 @@ def _tile(n: int, full: int) -> int:
 def panel(n: int) -> int:
     """Output features per weight panel: the largest power of two up to 16 that divides n."""
     return _tile(n, 16)
+
+
+def chains(rows: int, mxfp4: bool, target: str) -> int:
+    """Accumulator chains each output of a tile row sums over, input k going to chain k mod C,
+    folded (c0 + c1) + (c2 + c3) at the end: CHAINS for a decode step's MXFP4 kernel on a CPU
+    (one row a tile), else 1. With one chain every FMA of an output waits on the one before it
+    (4 cycles), and a one-row tile has nothing else to run: the decode in registers then ran at
+    about 4 weights a cycle a core. A tile of 6 rows has 6 chains already; float32 experts keep
+    one, so an fp32 model computes what it did. The in-register and the decoded-panel forms
+    split alike, so a token's outputs do not depend on which other tokens share its experts."""
+    return CHAINS if mxfp4 and rows == 1 and target == "llvm" else 1
+
+
+def _fold(C: int, rows: int, F: int, cols):
+    """acc[r, 0, f] = the sum of row r's C chains, (c0 + c1) + (c2 + c3)."""
+
+    @T.macro
+    def fold(acc):
+        if C > 1:
+            for r in T.unroll(rows):
+                for f in cols(F):
+                    if C == 4:
+                        acc[r, 0, f] = (acc[r, 0, f] + acc[r, 1, f]) + (acc[r, 2, f] + acc[r, 3, f])
+                    else:
+                        acc[r, 0, f] = acc[r, 0, f] + acc[r, 1, f]
+
+    return fold
 
 
 def parts(target: str) -> int:
@@ -92,23 +122,28 @@ def moe_gate_up(E: int, D: int, I2: int, k: int, target: str = "llvm", rows: int
     buffered = mxfp4 and target == "llvm"  # a decoded panel in memory: a CPU's cache
     decode_panel = mx.panel_decoder(NG, F, form, cols)
     S, P = parts(target), I2 // F
+    C = chains(rows, mxfp4, target)
+    U, fold = max(1, C // 2), _fold(C, rows, F, cols)  # U: code bytes a step of the in-register loop
 
     @T.macro
     def in_registers(w, h, tok, ve, fo, acc, sc, lo, hi, cd):  # each panel row decoded once for a tile
         for g in range(NG):
             for f in cols(F):
                 sc[f] = mx.e8m0(T.Cast("int32", w[ve, fo, g, CB, f]))
-            for j in range(CB):
-                if by_table:
-                    table_row(w, ve, fo, g, j, sc, lo, hi, cd)
-                else:
-                    for f in cols(F):
-                        lo[f] = mx.e2m1(mx.low(w[ve, fo, g, j, f])) * sc[f]
-                        hi[f] = mx.e2m1(mx.high(w[ve, fo, g, j, f])) * sc[f]
-                for r in T.unroll(rows):
-                    for f in cols(F):
-                        acc[r, f] = acc[r, f] + h[tok[r], g * mx.G + 2 * j] * lo[f]
-                        acc[r, f] = acc[r, f] + h[tok[r], g * mx.G + 2 * j + 1] * hi[f]
+            for jo in range(CB // U):
+                for u in T.unroll(U):  # k = 2 j and 2 j + 1 go to chains (2 u) mod C and (2 u + 1) mod C
+                    if by_table:
+                        table_row(w, ve, fo, g, jo * U + u, sc, lo, hi, cd)
+                    else:
+                        for f in cols(F):
+                            lo[f] = mx.e2m1(mx.low(w[ve, fo, g, jo * U + u, f])) * sc[f]
+                            hi[f] = mx.e2m1(mx.high(w[ve, fo, g, jo * U + u, f])) * sc[f]
+                    for r in T.unroll(rows):
+                        for f in cols(F):
+                            acc[r, 2 * u % C, f] = (acc[r, 2 * u % C, f]
+                                                    + h[tok[r], g * mx.G + 2 * (jo * U + u)] * lo[f])
+                            acc[r, (2 * u + 1) % C, f] = (acc[r, (2 * u + 1) % C, f]
+                                                          + h[tok[r], g * mx.G + 2 * (jo * U + u) + 1] * hi[f])
 
     @T.prim_func(s_tir=True)
     def kernel(h_h: T.handle, w: T.Buffer(wshape, wdtype), idx_h: T.handle, gu_h: T.handle):
@@ -125,7 +160,7 @@ def moe_gate_up(E: int, D: int, I2: int, k: int, target: str = "llvm", rows: int
                         idx[0:N, 0:k])
                 T.writes(gu[0:N, 0:k, 0:I2], pairs[vt, 0:N * k])
                 cnt = T.alloc_buffer((1,), "int64", scope=local)
-                acc = T.alloc_buffer((rows, F), "float32", scope=local)
+                acc = T.alloc_buffer((rows, C, F), "float32", scope=local)
                 tok = T.alloc_buffer((rows,), "int64", scope=local)
                 sc = T.alloc_buffer((F,), "float32", scope=local)
                 lo = T.alloc_buffer((F,), "float32", scope=local)
@@ -146,24 +181,27 @@ def moe_gate_up(E: int, D: int, I2: int, k: int, target: str = "llvm", rows: int
                         for tile in range((cnt[0] + rows - 1) // rows):
                             for r in T.unroll(rows):
                                 tok[r] = pairs[vt, T.min(tile * rows + r, cnt[0] - 1)] // k
-                            for r in T.unroll(rows):
+                            for r, c in T.grid(rows, C):
                                 for f in cols(F):
-                                    acc[r, f] = T.float32(0)
+                                    acc[r, c, f] = T.float32(0)
                             if buffered:
                                 if cnt[0] >= 2:
-                                    for d in range(D):
-                                        for r in T.unroll(rows):
-                                            for f in cols(F):
-                                                acc[r, f] = acc[r, f] + h[tok[r], d] * wb[d, f]
+                                    for do in range(D // C):
+                                        for c in T.unroll(C):
+                                            for r in T.unroll(rows):
+                                                for f in cols(F):
+                                                    acc[r, c, f] = (acc[r, c, f]
+                                                                    + h[tok[r], do * C + c] * wb[do * C + c, f])
                                 else:
                                     in_registers(w, h, tok, ve, fo, acc, sc, lo, hi, cd)
                             else:
                                 in_registers(w, h, tok, ve, fo, acc, sc, lo, hi, cd)
+                            fold(acc)
                             for r in T.unroll(rows):
                                 if tile * rows + r < cnt[0]:
                                     for f in cols(F):
                                         gu[pairs[vt, tile * rows + r] // k, pairs[vt, tile * rows + r] % k,
-                                           fo * F + f] = acc[r, f]
+                                           fo * F + f] = acc[r, 0, f]
                 else:
                     for tile in range((cnt[0] + rows - 1) // rows):
                         for r in T.unroll(rows):
@@ -171,16 +209,16 @@ def moe_gate_up(E: int, D: int, I2: int, k: int, target: str = "llvm", rows: int
                         for fo in range(vt // E * P // S, (vt // E + 1) * P // S):
                             for r in T.unroll(rows):
                                 for f in cols(F):
-                                    acc[r, f] = T.float32(0)
+                                    acc[r, 0, f] = T.float32(0)
                             for d in range(D):
                                 for r in T.unroll(rows):
                                     for f in cols(F):
-                                        acc[r, f] = acc[r, f] + h[tok[r], d] * w[ve, fo, d, f]
+                                        acc[r, 0, f] = acc[r, 0, f] + h[tok[r], d] * w[ve, fo, d, f]
                             for r in T.unroll(rows):
                                 if tile * rows + r < cnt[0]:
                                     for f in cols(F):
                                         gu[pairs[vt, tile * rows + r] // k, pairs[vt, tile * rows + r] % k,
-                                           fo * F + f] = acc[r, f]
+                                           fo * F + f] = acc[r, 0, f]
 
     return kernel
 
@@ -201,23 +239,29 @@ def moe_down(E: int, I: int, Dout: int, k: int, target: str = "llvm", rows: int 
     buffered = mxfp4 and target == "llvm"  # a decoded panel in memory: a CPU's cache
     decode_panel = mx.panel_decoder(NG, F, form, cols)
     S, P = parts(target), Dout // F
+    C = chains(rows, mxfp4, target)
+    U, fold = max(1, C // 2), _fold(C, rows, F, cols)  # U: code bytes a step of the in-register loop
 
     @T.macro
     def in_registers(w2, a, pr, ve, fo, acc, sc, lo, hi, cd):  # each panel row decoded once for a tile
         for g in range(NG):
             for f in cols(F):
                 sc[f] = mx.e8m0(T.Cast("int32", w2[ve, fo, g, CB, f]))
-            for j in range(CB):
-                if by_table:
-                    table_row(w2, ve, fo, g, j, sc, lo, hi, cd)
-                else:
-                    for f in cols(F):
-                        lo[f] = mx.e2m1(mx.low(w2[ve, fo, g, j, f])) * sc[f]
-                        hi[f] = mx.e2m1(mx.high(w2[ve, fo, g, j, f])) * sc[f]
-                for r in T.unroll(rows):
-                    for f in cols(F):
-                        acc[r, f] = acc[r, f] + a[pr[r] // k, pr[r] % k, g * mx.G + 2 * j] * lo[f]
-                        acc[r, f] = acc[r, f] + a[pr[r] // k, pr[r] % k, g * mx.G + 2 * j + 1] * hi[f]
+            for jo in range(CB // U):
+                for u in T.unroll(U):  # k = 2 j and 2 j + 1 go to chains (2 u) mod C and (2 u + 1) mod C
+                    if by_table:
+                        table_row(w2, ve, fo, g, jo * U + u, sc, lo, hi, cd)
+                    else:
+                        for f in cols(F):
+                            lo[f] = mx.e2m1(mx.low(w2[ve, fo, g, jo * U + u, f])) * sc[f]
+                            hi[f] = mx.e2m1(mx.high(w2[ve, fo, g, jo * U + u, f])) * sc[f]
+                    for r in T.unroll(rows):
+                        for f in cols(F):
+                            acc[r, 2 * u % C, f] = (acc[r, 2 * u % C, f]
+                                                    + a[pr[r] // k, pr[r] % k, g * mx.G + 2 * (jo * U + u)] * lo[f])
+                            acc[r, (2 * u + 1) % C, f] = (acc[r, (2 * u + 1) % C, f]
+                                                          + a[pr[r] // k, pr[r] % k, g * mx.G + 2 * (jo * U + u) + 1]
+                                                          * hi[f])
 
     @T.prim_func(s_tir=True)
     def kernel(a_h: T.handle, w2: T.Buffer(wshape, wdtype), idx_h: T.handle, cw_h: T.handle, y_h: T.handle):
@@ -236,7 +280,7 @@ def moe_down(E: int, I: int, Dout: int, k: int, target: str = "llvm", rows: int 
                         else w2[vt % E, 0:P, 0:NG, 0:mx.ROW, 0:F], idx[0:N, 0:k], cw[0:N, 0:k])
                 T.writes(ys[0:N, 0:k, 0:Dout], pairs[vt, 0:N * k])
                 cnt = T.alloc_buffer((1,), "int64", scope=local)
-                acc = T.alloc_buffer((rows, F), "float32", scope=local)
+                acc = T.alloc_buffer((rows, C, F), "float32", scope=local)
                 pr = T.alloc_buffer((rows,), "int64", scope=local)
                 sc = T.alloc_buffer((F,), "float32", scope=local)
                 lo = T.alloc_buffer((F,), "float32", scope=local)
@@ -257,24 +301,27 @@ def moe_down(E: int, I: int, Dout: int, k: int, target: str = "llvm", rows: int 
                         for tile in range((cnt[0] + rows - 1) // rows):
                             for r in T.unroll(rows):
                                 pr[r] = pairs[vt, T.min(tile * rows + r, cnt[0] - 1)]
-                            for r in T.unroll(rows):
+                            for r, c in T.grid(rows, C):
                                 for f in cols(F):
-                                    acc[r, f] = T.float32(0)
+                                    acc[r, c, f] = T.float32(0)
                             if buffered:
                                 if cnt[0] >= 2:
-                                    for i in range(I):
-                                        for r in T.unroll(rows):
-                                            for f in cols(F):
-                                                acc[r, f] = acc[r, f] + a[pr[r] // k, pr[r] % k, i] * wb[i, f]
+                                    for io in range(I // C):
+                                        for c in T.unroll(C):
+                                            for r in T.unroll(rows):
+                                                for f in cols(F):
+                                                    acc[r, c, f] = (acc[r, c, f] + a[pr[r] // k, pr[r] % k, io * C + c]
+                                                                    * wb[io * C + c, f])
                                 else:
                                     in_registers(w2, a, pr, ve, fo, acc, sc, lo, hi, cd)
                             else:
                                 in_registers(w2, a, pr, ve, fo, acc, sc, lo, hi, cd)
+                            fold(acc)
                             for r in T.unroll(rows):
                                 if tile * rows + r < cnt[0]:
                                     for f in cols(F):
                                         ys[pairs[vt, tile * rows + r] // k, pairs[vt, tile * rows + r] % k,
-                                           fo * F + f] = acc[r, f] * cw[pairs[vt, tile * rows + r] // k,
+                                           fo * F + f] = acc[r, 0, f] * cw[pairs[vt, tile * rows + r] // k,
                                                                         pairs[vt, tile * rows + r] % k]
                 else:
                     for tile in range((cnt[0] + rows - 1) // rows):
@@ -283,16 +330,16 @@ def moe_down(E: int, I: int, Dout: int, k: int, target: str = "llvm", rows: int 
                         for fo in range(vt // E * P // S, (vt // E + 1) * P // S):
                             for r in T.unroll(rows):
                                 for f in cols(F):
-                                    acc[r, f] = T.float32(0)
+                                    acc[r, 0, f] = T.float32(0)
                             for i in range(I):
                                 for r in T.unroll(rows):
                                     for f in cols(F):
-                                        acc[r, f] = acc[r, f] + a[pr[r] // k, pr[r] % k, i] * w2[ve, fo, i, f]
+                                        acc[r, 0, f] = acc[r, 0, f] + a[pr[r] // k, pr[r] % k, i] * w2[ve, fo, i, f]
                             for r in T.unroll(rows):
                                 if tile * rows + r < cnt[0]:
                                     for f in cols(F):
                                         ys[pairs[vt, tile * rows + r] // k, pairs[vt, tile * rows + r] % k,
-                                           fo * F + f] = acc[r, f] * cw[pairs[vt, tile * rows + r] // k,
+                                           fo * F + f] = acc[r, 0, f] * cw[pairs[vt, tile * rows + r] // k,
                                                                         pairs[vt, tile * rows + r] % k]
         for n, d in T.grid(N, Dout):
             with T.sblock("combine"):

@@ -21,6 +21,10 @@ MXFP4 routed experts), side by side in one process, the runners taking turns
   the GEMM rate of the precision it computes in (at B = 8 a BF16 weight feeds 8 rows of fp32
   FMAs: 8 FLOP a byte, which two cores may not compute at the read bandwidth). The read
   bandwidth is measured again after the runs, and the floors take the larger of the two.
+  The host's bandwidth moves within a run (on a shared 2-core host, 31 to 61 GB/s in one
+  hour), so the yardstick also runs just before every timed decode turn (a sum over
+  TURN_MIB MiB, the last runner's threads settled), and each row gives its step beside the
+  floor at the bandwidth read before the turn it was fastest in ("x turn floor").
 - the prefill of T = --prefill tokens as a share of the GEMM rate of the precision it computes
   in (the artifact manifest's compute policy: bf16 GEMMs take the bf16 rate, else fp32), FLOPs
   from k3c.models.stats (causal attention summed over the prompt).
@@ -65,6 +69,7 @@ HELD = {
     ("onnx", "bf16+mxfp4"): {"dense": 4.0, "experts": MXFP4_BYTES, "experts_read": "all"},
 }
 BATCHES = (1, 8)
+TURN_MIB = 256  # the yardstick before each timed decode turn: a sum over this many MiB (about 10 ms)
 
 
 def cpu() -> dict:
@@ -159,8 +164,22 @@ def compile_runner(model, spec: str, prompt: torch.Tensor, out: Path,
     return compiled, time.perf_counter() - t0, manifest.get("compute") or {}
 
 
-def measure(runners: list[dict], prompt: torch.Tensor, steps: int, repeat: int, vocab: int) -> None:
-    """Prefill and decode-step seconds of every runner, taking turns; fastest kept."""
+def turn_bandwidth(mib: int, threads: int) -> float:
+    """The read bandwidth just before a timed turn (the host's moves within a run): the last
+    runner's threads settled, then the yardstick on `threads` torch threads."""
+    settle()
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return read_bandwidth(mib, 3)
+    finally:
+        torch.set_num_threads(before)
+
+
+def measure(runners: list[dict], prompt: torch.Tensor, steps: int, repeat: int, vocab: int,
+            turn_mib: int = TURN_MIB, threads: int = 2) -> None:
+    """Prefill and decode-step seconds of every runner, taking turns; fastest kept, with the
+    read bandwidth measured just before that turn."""
     gen = torch.Generator().manual_seed(1)
     tokens = {b: [torch.randint(0, vocab, (b, 1), generator=gen) for _ in range(steps)] for b in BATCHES}
     states = {}
@@ -177,8 +196,10 @@ def measure(runners: list[dict], prompt: torch.Tensor, steps: int, repeat: int, 
                     def loop(c=r["compiled"], st=states[r["key"]][b], xs=tokens[b]):
                         for x in xs:
                             c.decode(x, st)  # every step from the prompt's state: the step at P
+                    bw = turn_bandwidth(turn_mib, threads)
                     t = timed_turn(loop) / steps
-                    r[f"decode_b{b}_s"] = min(r.get(f"decode_b{b}_s", t), t)
+                    if t < r.get(f"decode_b{b}_s", float("inf")):
+                        r[f"decode_b{b}_s"], r[f"decode_b{b}_bw"] = t, bw
 
 
 def markdown(rows: list[tuple]) -> str:
@@ -190,12 +211,15 @@ def markdown(rows: list[tuple]) -> str:
 def table(result: dict) -> str:
     rows = [("backend", "precision", "held (dense / expert bytes a weight)", "prefill s", "% GEMM peak",
              *(f"decode B={b} ms" for b in BATCHES), *(f"x floor B={b}" for b in BATCHES),
+             *(f"x turn floor B={b} (GB/s)" for b in BATCHES),
              *(f"x roofline B={b}" for b in BATCHES), "machine")]
     for r in result["rows"]:
         rows.append((r["backend"], r["precision"], f"{r['held']['dense']:g} / {r['held']['experts']:.3g}",
                      f"{r['prefill_seconds']:.3f}", f"{100 * r['prefill_share_of_peak']:.1f}% {r['peak']}",
                      *(f"{1e3 * r['decode'][str(b)]['seconds']:.2f}" for b in BATCHES),
                      *(f"{r['decode'][str(b)]['multiple_of_floor']:.2f}" for b in BATCHES),
+                     *(f"{r['decode'][str(b)]['multiple_of_turn_floor']:.2f} "
+                       f"({r['decode'][str(b)]['turn_read_bytes_per_s'] / 1e9:.1f})" for b in BATCHES),
                      *(f"{r['decode'][str(b)]['multiple_of_roofline']:.2f}" for b in BATCHES), r["machine"]))
     return markdown(rows)
 
@@ -274,7 +298,7 @@ def main(argv=None) -> dict:
                                 "classes": classes})
         del model
     settle()
-    measure(runners, prompt, args.decode, args.repeat, vocab)
+    measure(runners, prompt, args.decode, args.repeat, vocab, min(TURN_MIB, args.bandwidth_mib), args.threads)
     torch.set_num_threads(args.threads)
     bw_end = read_bandwidth(args.bandwidth_mib, max(3, args.repeat))  # the host's bandwidth may move in a run
     torch.set_num_threads(threads)
@@ -292,8 +316,11 @@ def main(argv=None) -> dict:
             floor = nbytes / bw
             compute_floor = b * step_flops / peaks[peak]  # the GEMM rate of the precision it computes in
             roofline = max(floor, compute_floor)
+            turn_bw = r[f"decode_b{b}_bw"]
             row["decode"][str(b)] = {"seconds": r[f"decode_b{b}_s"], "bytes_read": nbytes, "floor_seconds": floor,
                                      "multiple_of_floor": r[f"decode_b{b}_s"] / floor, "flops": b * step_flops,
+                                     "turn_read_bytes_per_s": turn_bw,
+                                     "multiple_of_turn_floor": r[f"decode_b{b}_s"] * turn_bw / nbytes,
                                      "compute_floor_seconds": compute_floor, "roofline_seconds": roofline,
                                      "multiple_of_roofline": r[f"decode_b{b}_s"] / roofline}
         result["rows"].append(row)

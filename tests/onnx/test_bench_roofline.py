@@ -39,6 +39,9 @@ def test_quick_mode_reports_every_field(tmp_path):
             d = r["decode"][str(b)]
             assert d["seconds"] > 0 and d["bytes_read"] > 0
             assert d["multiple_of_floor"] == d["seconds"] / d["floor_seconds"]
+            # beside it, the floor at the bandwidth read just before the turn the step was fastest in
+            assert d["turn_read_bytes_per_s"] > 0
+            assert d["multiple_of_turn_floor"] == d["seconds"] * d["turn_read_bytes_per_s"] / d["bytes_read"]
             # the roofline: the larger of the bytes floor and the FLOPs at the fp32 GEMM rate
             assert d["flops"] == b * r["decode"]["1"]["flops"] > 0
             assert d["compute_floor_seconds"] == d["flops"] / y["gemm_flops_per_s"]["fp32"]

@@ -6,8 +6,9 @@
     python benchmarks/bench_roofline_cpu.py --backends tvm --compute f32,bf16   # the release artifact both ways
 
 Yardsticks first (torch on --threads threads): read bandwidth (a sum over a 1 GiB float32
-tensor), the fp32 and bf16 GEMM rates at 2048^3, the CPU's name and its avx2 / avx512f /
-avx512_bf16 / amx_bf16 flags. Then each backend runs the model in fp32 and as released (BF16,
+tensor on transparent huge pages, where the TVM runner holds its weights; on 4 KB pages the
+same sum reads about half, and that figure is printed beside it), the fp32 and bf16 GEMM
+rates at 2048^3, the CPU's name and its avx2 / avx512f / avx512_bf16 / amx_bf16 flags. Then each backend runs the model in fp32 and as released (BF16,
 MXFP4 routed experts), side by side in one process, the runners taking turns
 (k3c.bench.timed_turn: settle, one untimed call, the timed one; the fastest of --repeat kept):
 
@@ -21,8 +22,7 @@ MXFP4 routed experts), side by side in one process, the runners taking turns
   the GEMM rate of the precision it computes in (at B = 8 a BF16 weight feeds 8 rows of fp32
   FMAs: 8 FLOP a byte, which two cores may not compute at the read bandwidth). The read
   bandwidth is measured again after the runs, and the floors take the larger of the two.
-  The host's bandwidth moves within a run (on a shared 2-core host, 31 to 61 GB/s in one
-  hour), so the yardstick also runs just before every timed decode turn (a sum over
+  The host's bandwidth may move within a run, so the yardstick also runs just before every timed decode turn (a sum over
   TURN_MIB MiB, the last runner's threads settled), and each row gives its step beside the
   floor at the bandwidth read before the turn it was fastest in ("x turn floor").
 - the prefill of T = --prefill tokens as a share of the GEMM rate of the precision it computes
@@ -46,6 +46,8 @@ from pathlib import Path
 import torch
 
 import k3c
+from k3c.backends.tvm.arena import available as huge_available
+from k3c.backends.tvm.arena import huge_buffer
 from k3c.bench import best_of, settle, timed_turn
 from k3c.models.stats import model_stats
 
@@ -92,9 +94,12 @@ def machine_label(info: dict) -> str:
     return f"{info['name']} ({have}, {info['cores']} cores)"
 
 
-def read_bandwidth(mib: int, repeat: int) -> float:
-    """Bytes per second of a sum over a float32 tensor of `mib` MiB (torch's threads)."""
-    x = torch.ones(mib * 2**20 // 4)
+def read_bandwidth(mib: int, repeat: int, huge: bool = True) -> float:
+    """Bytes per second of a sum over a float32 tensor of `mib` MiB (torch's threads), on
+    transparent huge pages where the OS has them (`huge`): the machine's best, as the TVM
+    runner holds its weights there (backends/tvm/arena.py); 4 KB pages read about half."""
+    buf = huge_buffer(mib * 2**20) if huge else None
+    x = buf.view(torch.float32).fill_(1) if buf is not None else torch.ones(mib * 2**20 // 4)
     seconds = best_of(lambda: x.sum(), repeat, warmup=1)
     return x.numel() * 4 / seconds
 
@@ -259,7 +264,10 @@ def main(argv=None) -> dict:
     label = machine_label(info)
     print(f"machine: {label}; load average {os.getloadavg()[0]:.1f}", flush=True)
     bw = read_bandwidth(args.bandwidth_mib, max(3, args.repeat))
-    print(f"read bandwidth {bw / 1e9:.1f} GB/s (sum over {args.bandwidth_mib} MiB)", flush=True)
+    small_pages = read_bandwidth(args.bandwidth_mib, max(3, args.repeat), huge=False)
+    pages = "2 MB pages" if huge_available() else "4 KB pages"
+    print(f"read bandwidth {bw / 1e9:.1f} GB/s (sum over {args.bandwidth_mib} MiB on {pages}; "
+          f"{small_pages / 1e9:.1f} GB/s on 4 KB pages)", flush=True)
     peaks = {d: gemm_rate(getattr(torch, t), args.gemm_n, max(3, args.repeat)) for d, t in
              (("fp32", "float32"), ("bf16", "bfloat16"))}
     print(f"GEMM {args.gemm_n}^3: fp32 {peaks['fp32'] / 1e9:.0f} GFLOP/s, bf16 {peaks['bf16'] / 1e9:.1f} GFLOP/s",
@@ -267,7 +275,8 @@ def main(argv=None) -> dict:
     torch.set_num_threads(threads)
     result = {"model": args.model, "prefill_tokens": args.prefill, "decode_steps": args.decode,
               "repeat": args.repeat, "machine": {**info, "label": label},
-              "yardsticks": {"read_bytes_per_s": bw, "gemm_flops_per_s": peaks, "threads": args.threads,
+              "yardsticks": {"read_bytes_per_s": bw, "read_pages": pages, "read_bytes_per_s_4k_pages": small_pages,
+                             "gemm_flops_per_s": peaks, "threads": args.threads,
                              "bandwidth_mib": args.bandwidth_mib, "gemm_n": args.gemm_n},
               "load_average_at_start": round(os.getloadavg()[0], 2), "rows": []}
     state_bytes = model_stats(args.model if args.layers is None else build(args.model, {}, args.layers, "meta"),

@@ -30,6 +30,7 @@ def test_quick_mode_reports_every_field(tmp_path):
     assert machine["name"] and all(isinstance(machine[f], bool) for f in bench.FLAGS)
     y = result["yardsticks"]
     assert y["read_bytes_per_s"] > 0 and y["gemm_flops_per_s"]["fp32"] > 0 and y["gemm_flops_per_s"]["bf16"] > 0
+    assert y["read_pages"] in ("2 MB pages", "4 KB pages") and y["read_bytes_per_s_4k_pages"] > 0
     rows = {(r["backend"], r["precision"]): r for r in result["rows"]}
     assert set(rows) == {("onnx:ort", "fp32"), ("onnx:ort", "bf16+mxfp4")}
     for r in rows.values():

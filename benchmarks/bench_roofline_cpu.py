@@ -7,9 +7,10 @@
 
 Yardsticks first (torch on --threads threads): read bandwidth (a sum over a 1 GiB float32
 tensor on transparent huge pages, where the TVM runner holds its weights; on 4 KB pages the
-same sum reads about half, and that figure is printed beside it), the fp32 and bf16 GEMM
-rates at 2048^3, the CPU's name and its avx2 / avx512f / avx512_bf16 / amx_bf16 flags. Then each backend runs the model in fp32 and as released (BF16,
-MXFP4 routed experts), side by side in one process, the runners taking turns
+same sum may read about half, and that figure is printed beside it), the fp32 and bf16 GEMM
+rates at 2048^3, the CPU's name and its avx2 / avx512f / avx512_bf16 / amx_bf16 flags. Then
+each backend runs the model in fp32 and as released (BF16, MXFP4 routed experts), side by
+side in one process, the runners taking turns
 (k3c.bench.timed_turn: settle, one untimed call, the timed one; the fastest of --repeat kept):
 
 - a decode step at B = 1 and B = 8 after a prompt of P = --prefill tokens, as a multiple of its

@@ -12,11 +12,20 @@ TVM's allocator put them, 4.82 ms with them here (medians of 10 rounds in one pr
                           TVM requires, the originals dropped one by one (so a load holds at
                           most one parameter twice); unchanged where huge pages are unavailable
 
-`K3C_HUGE_PAGES=0` keeps the parameters where TVM allocated them (to compare the two).
+    trim()                glibc's malloc_trim: the freed originals handed back to the OS
+
+The runner makes the parameters with a VM on TVM's naive allocator, so that the originals are
+freed when dropped (the pooled allocator keeps freed blocks for reuse: the parameters would be
+held twice). After the load a k3-small release runner adds 173 MiB to its process's resident
+set with the parameters here, 201 MiB with them where TVM put them (166 MiB of parameters;
+`python benchmarks/bench_tvm_load_memory.py DIR`). `K3C_HUGE_PAGES=0` keeps the parameters
+where TVM allocated them (to compare the two).
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import mmap
 import os
 from pathlib import Path
@@ -69,3 +78,15 @@ def place(params: list) -> list:
         views[i] = params[i] = None  # the original goes as soon as it is copied
         at += _aligned(n)
     return out
+
+
+def trim() -> None:
+    """Hand the C heap's free memory back to the OS (glibc's `malloc_trim`; elsewhere nothing):
+    the parameters' originals, freed once copied, would otherwise stay resident."""
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else None
+        if libc is not None and hasattr(libc, "malloc_trim"):
+            libc.malloc_trim(0)
+    except OSError:
+        pass

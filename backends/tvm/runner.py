@@ -105,9 +105,15 @@ class TvmRunner:
         if missing:
             raise ArtifactError(f"{self.out_dir}/weights.safetensors lacks {missing[:4]}")
         weights = [_on(tensors[w], dev) for w in self.manifest["weights"]]
-        self._params = list(vm["transform_params"](weights)) if weights else []
-        if self.target == "llvm":  # a decode step streams them: on huge pages, half the TLB misses' cost
-            self._params = arena.place(self._params)
+        if self.target == "llvm" and arena.available():  # a decode step streams them: huge pages
+            # the transform's outputs from the naive allocator, so that freeing them frees them
+            # (the pooled allocator would keep them for reuse: the parameters held twice)
+            once = relax.VirtualMachine(lib, dev, memory_cfg="naive")
+            self._params = arena.place(list(once["transform_params"](weights)) if weights else [])
+            del once, weights, tensors
+            arena.trim()
+        else:
+            self._params = list(vm["transform_params"](weights)) if weights else []
         self._vm, self._device = vm, dev
 
     # ---- running -------------------------------------------------------------------

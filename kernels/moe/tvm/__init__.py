@@ -65,6 +65,8 @@ def chains(rows: int, mxfp4: bool, target: str) -> int:
 
 def _fold(C: int, rows: int, F: int, cols):
     """acc[r, 0, f] = the sum of row r's C chains, (c0 + c1) + (c2 + c3)."""
+    if C not in (1, 2, 4):
+        raise ValueError(f"routed-expert kernels: {C} accumulator chains; they fold 1, 2 or 4")
 
     @T.macro
     def fold(acc):

@@ -3,8 +3,9 @@
 A decode step streams every weight once, and with 4 KB pages each 4 KB of a weight costs a TLB
 miss; in a virtual machine a miss walks two page tables. Measured on a 2-core AMD EPYC Zen 4
 guest, torch's sum over 1 GiB of float32 on 2 threads: 28 to 35 GB/s on 4 KB pages, 62 to 66
-GB/s on 2 MB pages (in other allocations as little as 35: BENCHMARKS.md); and a k3-small release-precision decode step 5.43 ms with its parameters where
-TVM's allocator put them, 4.82 ms with them here (medians of 10 rounds in one process).
+GB/s on 2 MB pages (in other allocations as little as 35: BENCHMARKS.md); and a k3-small
+release-precision decode step 5.43 ms with its parameters where TVM's allocator put them,
+4.82 ms with them here (medians of 10 rounds in one process).
 
     huge_buffer(nbytes)   a uint8 torch tensor over a fresh mapping advised MADV_HUGEPAGE
                           (None where the OS has no transparent huge pages)

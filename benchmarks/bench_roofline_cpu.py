@@ -23,9 +23,10 @@ side in one process, the runners taking turns
   the GEMM rate of the precision it computes in (at B = 8 a BF16 weight feeds 8 rows of fp32
   FMAs: 8 FLOP a byte, which two cores may not compute at the read bandwidth). The read
   bandwidth is measured again after the runs, and the floors take the larger of the two.
-  The host's bandwidth may move within a run, so the yardstick also runs just before every timed decode turn (a sum over
-  TURN_MIB MiB, the last runner's threads settled), and each row gives its step beside the
-  floor at the bandwidth read before the turn it was fastest in ("x turn floor").
+  The host's bandwidth may move within a run, so the yardstick also runs just before every
+  timed decode turn (a sum over TURN_MIB MiB, the last runner's threads settled), and each
+  row gives its step beside the floor at the bandwidth read before the turn it was fastest in
+  ("x turn floor").
 - the prefill of T = --prefill tokens as a share of the GEMM rate of the precision it computes
   in (the artifact manifest's compute policy: bf16 GEMMs take the bf16 rate, else fp32), FLOPs
   from k3c.models.stats (causal attention summed over the prompt).
@@ -170,14 +171,14 @@ def compile_runner(model, spec: str, prompt: torch.Tensor, out: Path,
     return compiled, time.perf_counter() - t0, manifest.get("compute") or {}
 
 
-def turn_bandwidth(mib: int, threads: int) -> float:
-    """The read bandwidth just before a timed turn (the host's moves within a run): the last
-    runner's threads settled, then the yardstick on `threads` torch threads."""
+def turn_bandwidth(mib: int, threads: int, repeat: int = 3) -> float:
+    """The read bandwidth between runs (the host's moves within a run): the last runner's
+    threads settled, then the yardstick on `threads` torch threads."""
     settle()
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        return read_bandwidth(mib, 3)
+        return read_bandwidth(mib, repeat)
     finally:
         torch.set_num_threads(before)
 
@@ -309,9 +310,7 @@ def main(argv=None) -> dict:
         del model
     settle()
     measure(runners, prompt, args.decode, args.repeat, vocab, min(TURN_MIB, args.bandwidth_mib), args.threads)
-    torch.set_num_threads(args.threads)
-    bw_end = read_bandwidth(args.bandwidth_mib, max(3, args.repeat))  # the host's bandwidth may move in a run
-    torch.set_num_threads(threads)
+    bw_end = turn_bandwidth(args.bandwidth_mib, args.threads, max(3, args.repeat))
     print(f"read bandwidth at the end {bw_end / 1e9:.1f} GB/s; the floors take the larger", flush=True)
     result["yardsticks"]["read_bytes_per_s_at_end"] = bw_end
     bw = max(bw, bw_end)

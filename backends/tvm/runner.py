@@ -105,16 +105,16 @@ class TvmRunner:
         if missing:
             raise ArtifactError(f"{self.out_dir}/weights.safetensors lacks {missing[:4]}")
         weights = [_on(tensors[w], dev) for w in self.manifest["weights"]]
-        if self.target == "llvm" and arena.available():  # a decode step streams them: huge pages
-            # the transform's outputs from the naive allocator, so that freeing them frees them
-            # (the pooled allocator would keep them for reuse: the parameters held twice)
-            once = relax.VirtualMachine(lib, dev, memory_cfg="naive")
-            self._params = arena.place(list(once["transform_params"](weights)) if weights else [])
-            del once, weights, tensors
+        huge = self.target == "llvm" and arena.available()  # a decode step streams them: huge pages
+        # there, the transform's outputs come from the naive allocator, so that freeing them frees
+        # them (the pooled allocator would keep them for reuse: the parameters held twice)
+        transform = relax.VirtualMachine(lib, dev, memory_cfg="naive") if huge else vm
+        params = list(transform["transform_params"](weights)) if weights else []
+        del transform, weights, tensors
+        if huge:
+            params = arena.place(params)
             arena.trim()
-        else:
-            self._params = list(vm["transform_params"](weights)) if weights else []
-        self._vm, self._device = vm, dev
+        self._params, self._vm, self._device = params, vm, dev
 
     # ---- running -------------------------------------------------------------------
     def check_inputs(self, entry: str, inputs) -> None:
